@@ -1,0 +1,34 @@
+"""Validation errors raised before any message is sent, and the hook that aborts the job on an uncaught error."""
+import sys
+import traceback
+
+
+class CollectiveError(ValueError):
+    """Bad arguments to a collective, detected on the calling rank before it communicates."""
+
+
+class MismatchError(CollectiveError):
+    """Ranks called one collective with different counts, dtypes, ops or roots (found by SCAFFE_CHECK=1)."""
+
+
+def install_abort_hook(comm=None):
+    """Make an uncaught exception on any rank (any thread) print its traceback and abort the whole job.
+
+    Without this, one rank dying leaves the others blocked in a collective forever.
+    """
+    def abort(exc_type, exc, tb):
+        from mpi4py import MPI
+        world = comm if comm is not None else MPI.COMM_WORLD
+        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n")
+        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+        sys.stderr.flush()
+        world.Abort(1)
+
+    sys.excepthook = abort
+
+    import threading
+
+    def thread_abort(args):
+        abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+    threading.excepthook = thread_abort

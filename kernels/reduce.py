@@ -1,0 +1,76 @@
+"""Fused K-input elementwise reduce: out = in_0 op in_1 op ... op in_{K-1}, in that fixed order.
+
+CPU path: numpy ufuncs applied block by block. A plain chain of K-1 whole-array ufunc calls streams the
+output through memory K-1 times; working in blocks that fit in the L2 cache makes the chain cost about
+one pass over the inputs, which is what a hand-fused kernel achieves, without a JIT compile per dtype.
+The GPU twin (cupy arrays) lands with the CUDA path; the signature is the same.
+"""
+import numpy
+
+from kernels.backend import get_array_module
+
+# op name -> numpy ufunc. The names are the collectives' vocabulary (MPI.SUM -> "sum", ...).
+UFUNCS = {
+    "sum": numpy.add,
+    "prod": numpy.multiply,
+    "min": numpy.minimum,
+    "max": numpy.maximum,
+    "land": numpy.logical_and,
+    "lor": numpy.logical_or,
+    "lxor": numpy.logical_xor,
+    "band": numpy.bitwise_and,
+    "bor": numpy.bitwise_or,
+    "bxor": numpy.bitwise_xor,
+}
+
+# 256 KiB of output per block: the block and one input block stay in a 1 MiB L2 while K inputs stream by.
+BLOCK_BYTES = 1 << 18
+
+
+def supports(op, dtype):
+    """Whether `op` is defined for `dtype` (MPI's rules: no MIN/MAX on complex, bit and logical ops on integers only)."""
+    kind = numpy.dtype(dtype).kind
+    if op in ("sum", "prod"):
+        return kind in "iufc"
+    if op in ("min", "max"):
+        return kind in "iuf"
+    if op in ("land", "lor", "lxor", "band", "bor", "bxor"):
+        return kind in "iu"
+    return False
+
+
+def reduce_into(out, inputs, op):
+    """out[:] = inputs[0] op inputs[1] op ... (left to right). `out` may be one of the inputs.
+
+    All arrays are 1-D, of one dtype and length. With a single input this is a copy.
+    """
+    if get_array_module(out) is not numpy:
+        raise TypeError("device arrays go through the CUDA reduce kernel, which this build does not have yet")
+    _reduce_cpu(out, inputs, UFUNCS[op])
+
+
+def _reduce_cpu(out, inputs, ufunc):
+    n = out.shape[0]
+    if len(inputs) == 1:
+        if inputs[0] is not out:
+            numpy.copyto(out, inputs[0])
+        return
+    if ufunc.__name__.startswith("logical_"):
+        _reduce_logical(out, inputs, ufunc)
+        return
+    block = max(1, BLOCK_BYTES // max(out.itemsize, 1))
+    first, second, rest = inputs[0], inputs[1], inputs[2:]
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        o = out[start:stop]
+        ufunc(first[start:stop], second[start:stop], out=o)
+        for a in rest:
+            ufunc(o, a[start:stop], out=o)
+
+
+def _reduce_logical(out, inputs, ufunc):
+    # MPI's logical ops yield 0/1 in the operand type; the bool intermediate keeps that exact.
+    acc = ufunc(inputs[0], inputs[1])
+    for a in inputs[2:]:
+        ufunc(acc, a, out=acc)
+    numpy.copyto(out, acc, casting="unsafe")

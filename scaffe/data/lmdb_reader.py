@@ -1,0 +1,178 @@
+"""Read-only access to a Caffe LMDB and a wrapping, rank-sharded cursor over its records."""
+import os
+import threading
+
+from scaffe.data.sharding import ShardSpec
+
+__all__ = ["LMDBDatabase", "ShardedCursor", "open_database", "database_kind"]
+
+
+def database_kind(path):
+    """"lmdb", "leveldb" or None (not a database / missing), from the files in `path`."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "data.mdb")):
+            return "lmdb"
+        if os.path.exists(os.path.join(path, "CURRENT")):
+            return "leveldb"
+        return None
+    if os.path.isfile(path):
+        # LMDB may also be a single file (MDB_NOSUBDIR); its first page carries the magic
+        # 0xBEEFC0DE at byte 16 (little-endian) in the meta page.
+        with open(path, "rb") as f:
+            head = f.read(32)
+        if len(head) >= 20 and head[16:20] == b"\xde\xc0\xef\xbe":
+            return "lmdb"
+    return None
+
+
+# py-lmdb allows one open Environment per database per process, but a TRAIN and a TEST net
+# (or two Data layers) often read the same database: they share one, counted by real path.
+_envs = {}
+_envs_lock = threading.Lock()
+
+
+def _acquire_env(path):
+    import lmdb
+
+    key = os.path.realpath(path)
+    with _envs_lock:
+        entry = _envs.get(key)
+        if entry is None:
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False,
+                                subdir=os.path.isdir(path), max_readers=512)
+            except lmdb.Error as e:
+                raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
+            entry = _envs[key] = [env, 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def _release_env(path):
+    key = os.path.realpath(path)
+    with _envs_lock:
+        entry = _envs.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del _envs[key]
+            entry[0].close()
+
+
+class LMDBDatabase:
+    """An LMDB opened read-only without its lock file, so readers never write to the folder.
+
+    Opening without locks is safe here because nothing writes to a training database while it
+    is read, and it lets many ranks (and read-only file systems) share one database.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.env = None
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"LMDB database {self.path!r} does not exist")
+        self.env = _acquire_env(self.path)
+        self.num_records = int(self.env.stat()["entries"])
+
+    def __len__(self):
+        return self.num_records
+
+    def get(self, key):
+        with self.env.begin(buffers=False) as txn:
+            return txn.get(key if isinstance(key, bytes) else key.encode("ascii"))
+
+    def items(self):
+        """(key, value) pairs in key order."""
+        with self.env.begin(buffers=False) as txn:
+            yield from txn.cursor()
+
+    def close(self):
+        if self.env is not None:
+            _release_env(self.path)
+            self.env = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ShardedCursor:
+    """Yields (key, value) of the records rank `shard.rank` of `shard.count` reads, forever.
+
+    Follows the mapping in scaffe.data.sharding: the rank's i-th value is record
+    (start + i*count + rank) mod N in key order. The LMDB cursor walks forward and steps over
+    the other ranks' records without reading them, so no key list is built (ImageNet-sized
+    databases open instantly) and reads stay sequential on disk.
+    """
+
+    def __init__(self, database, shard=None, start=0):
+        if len(database) == 0:
+            raise ValueError(f"database {database.path!r} holds no records")
+        self.database = database
+        self.shard = shard or ShardSpec()
+        self._txn = None
+        self._cursor = None
+        self._index = 0  # index in key order of the record under the cursor
+        self._pending = (start + self.shard.rank) % len(database)
+
+    def _open(self):
+        # Opened on first use so the transaction belongs to the thread that reads (the
+        # prefetch thread), not the one that built the layer.
+        self._txn = self.database.env.begin(buffers=False)
+        self._cursor = self._txn.cursor()
+        self._cursor.first()
+        pending, self._pending = self._pending, 0
+        self._step(pending)
+
+    def _step(self, n):
+        n %= len(self.database)
+        for _ in range(n):
+            if not self._cursor.next():
+                self._cursor.first()
+        self._index = (self._index + n) % len(self.database)
+
+    @property
+    def record_index(self):
+        """Key-order index of the record the next call returns."""
+        if self._cursor is None:
+            return self._pending
+        return self._index
+
+    def next(self):
+        if self._cursor is None:
+            self._open()
+        key, value = self._cursor.item()
+        self._step(self.shard.count)
+        return key, value
+
+    __next__ = next
+
+    def __iter__(self):
+        return self
+
+    def close(self):
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = self._cursor = None
+
+
+def open_database(path):
+    """An LMDBDatabase for `path`; a LevelDB folder or anything else gives a clear error."""
+    kind = database_kind(path)
+    if kind == "lmdb":
+        return LMDBDatabase(path)
+    if kind == "leveldb":
+        raise ValueError(f"{path!r} is a LevelDB database; scaffe reads LMDB only. Convert it, e.g. "
+                         "rebuild it with Caffe's convert_imageset --backend=lmdb or scaffe convert")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"database {path!r} does not exist")
+    raise ValueError(f"{path!r} is not an LMDB database (no data.mdb inside)")

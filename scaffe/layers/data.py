@@ -1,0 +1,135 @@
+"""Data layer: batches of Datums from an LMDB, transformed and prefetched by a background thread.
+
+Reads its shard of the database (layer attributes `shard_rank`/`shard_count`, see
+scaffe.data.layer_support) in key order from record 0 at creation, wrapping around, like Caffe.
+Tops: data (N x C x H x W float32) and, optionally, label (N,).
+"""
+import weakref
+
+import numpy
+
+from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
+from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
+from scaffe.data.prefetch import PrefetchError, Prefetcher
+from scaffe.data.transformer import DataTransformer
+from scaffe.layers import register
+from scaffe.layers.layer import Layer
+from scaffe.proto import caffe_pb2
+
+
+@register
+class DataLayer(Layer):
+    type = "Data"
+    exact_num_bottom = 0
+    min_num_top = 1
+    max_num_top = 2
+
+    def setup(self, bottom, top):
+        p = self.param.data_param
+        where = f"layer {self.name!r} (Data)"
+        if not p.HasField("source") or not p.source:
+            raise ValueError(f"{where}: data_param.source is not set")
+        if p.batch_size < 1:
+            raise ValueError(f"{where}: data_param.batch_size must be positive")
+        self.batch_size = int(p.batch_size)
+        self.source = resolve_source(self, p.source)
+        kind = database_kind(self.source)
+        # An LMDB is read whatever `backend` says: the proto's default is LEVELDB, and nets that
+        # forget `backend: LMDB` should not fail on a database we can read.
+        if kind is None:
+            import os
+            if not os.path.exists(self.source):
+                raise FileNotFoundError(f"{where}: data source {self.source!r} does not exist")
+            if p.backend == caffe_pb2.DataParameter.LEVELDB:
+                raise ValueError(f"{where}: {self.source!r} is not an LMDB and LevelDB is not supported; "
+                                 "convert the data to LMDB")
+            raise ValueError(f"{where}: {self.source!r} is not an LMDB database (no data.mdb inside)")
+        if kind == "leveldb":
+            raise ValueError(f"{where}: {self.source!r} is a LevelDB database, which scaffe does not read; "
+                             "convert it to LMDB (e.g. Caffe's convert_imageset --backend=lmdb)")
+        try:
+            self.database = open_database(self.source)
+        except (OSError, ValueError) as e:
+            raise type(e)(f"{where}: {e}") from None
+        if len(self.database) == 0:
+            raise ValueError(f"{where}: database {self.source!r} is empty")
+        self.transformer = DataTransformer(self.param.transform_param, self.phase, rng=None)
+        self.output_labels = len(top) > 1
+        # Shape the tops from the first record, as Caffe does; the reader starts later so the
+        # net can still set shard_rank/shard_count after setup.
+        with self.database.env.begin(buffers=False) as txn:
+            _, first = next(iter(txn.cursor()))
+        sample, _ = self.transformer.decode(first)
+        self.sample_shape = self.transformer.output_shape(sample.shape)
+        top[0].reshape((self.batch_size,) + self.sample_shape)
+        if self.output_labels:
+            top[1].reshape((self.batch_size,))
+        self.prefetch_depth = max(1, int(p.prefetch))
+        self._prefetcher = None
+        self._cursor = None
+
+    def _start(self):
+        self.transformer.rng = layer_rng(self)
+        self._cursor = ShardedCursor(self.database, layer_shard(self))
+        # The thread holds the layer only weakly, so a net that is dropped gets collected and
+        # its __del__ stops the thread, instead of the thread keeping the net alive forever.
+        layer_ref = weakref.ref(self)
+
+        def produce():
+            layer = layer_ref()
+            if layer is None:
+                raise RuntimeError("the Data layer was deleted")
+            return layer._load_batch()
+
+        self._prefetcher = Prefetcher(produce, depth=self.prefetch_depth, name=f"scaffe-data-{self.name}")
+
+    def _load_batch(self):
+        samples, labels = [], numpy.empty(self.batch_size, dtype=numpy.float32)
+        for i in range(self.batch_size):
+            _, value = self._cursor.next()
+            sample, labels[i] = self.transformer.decode(value)
+            samples.append(sample)
+        # Caffe sizes each batch by its first sample, so encoded images of varying size work
+        # with batch_size 1; mixed sizes inside one batch are an error.
+        shape = samples[0].shape
+        for s in samples[1:]:
+            if s.shape != shape:
+                raise ValueError(f"samples of one batch differ in shape: {shape} vs {s.shape}")
+        return self.transformer.transform_batch(samples), labels
+
+    def reshape(self, bottom, top):
+        # Tops are shaped by setup and by each forward (from the batch itself).
+        pass
+
+    def forward(self, bottom, top):
+        if self._prefetcher is None:
+            self._start()
+        try:
+            data, labels = self._prefetcher.next()
+        except PrefetchError as e:
+            raise RuntimeError(f"layer {self.name!r} (Data) reading {self.source!r}: {e.__cause__ or e}") from e
+        copy_to_blob(top[0], data)
+        if self.output_labels:
+            copy_to_blob(top[1], labels)
+
+    def backward(self, top, propagate_down, bottom):
+        pass
+
+    def close(self):
+        """Stops the reader thread and closes the database (the layer cannot be used after)."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+        if self._cursor is not None:
+            self._cursor = None
+        db = getattr(self, "database", None)
+        if db is not None:
+            db.close()
+            self.database = None
+
+    def __del__(self):
+        try:
+            if getattr(self, "_prefetcher", None) is not None:
+                self._prefetcher.close()
+        except Exception:  # interpreter shutdown: the daemon thread dies with the process
+            pass

@@ -1,0 +1,72 @@
+"""compute_image_mean: the mean image of an LMDB of Datum, written as a Caffe mean file (BlobProto).
+
+The output is what Caffe's compute_image_mean writes: a BlobProto with the legacy 4-d shape
+num=1, channels, height, width and float data, which `transform_param { mean_file: ... }` reads.
+Sums are accumulated in float64 (Caffe accumulates in float32, which drifts on large databases).
+
+CLI (Caffe's argument order): compute_image_mean INPUT_DB [OUTPUT_FILE] [--backend=lmdb]
+"""
+import argparse
+import sys
+
+import numpy
+
+from scaffe.data.datum import datum_to_array
+from scaffe.data.lmdb_reader import open_database
+from scaffe.io import array_to_blobproto, write_blobproto
+
+__all__ = ["main", "compute_image_mean"]
+
+
+def compute_image_mean(db_path):
+    """(mean as float32 C x H x W array, number of records) over every record of the LMDB."""
+    db = open_database(db_path)
+    try:
+        total = None
+        count = 0
+        for key, value in db.items():
+            sample, _ = datum_to_array(value)
+            if total is None:
+                total = numpy.zeros(sample.shape, dtype=numpy.float64)
+            elif sample.shape != total.shape:
+                raise ValueError(f"record {key.decode(errors='replace')!r} has shape {sample.shape}, "
+                                 f"earlier records {total.shape}: a mean needs equal sizes")
+            total += sample
+            count += 1
+    finally:
+        db.close()
+    if not count:
+        raise ValueError(f"{db_path}: the database is empty")
+    return (total / count).astype(numpy.float32), count
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="compute_image_mean", description="Mean image of an LMDB of Datum.")
+    p.add_argument("input_db")
+    p.add_argument("output_file", nargs="?")
+    p.add_argument("--backend", "-backend", default="lmdb", help="only lmdb is supported")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.backend.lower() != "lmdb":
+        print(f"compute_image_mean: backend {args.backend!r} is not supported; use --backend=lmdb", file=sys.stderr)
+        return 1
+    try:
+        mean, count = compute_image_mean(args.input_db)
+        print(f"Processed {count} files.")
+        if args.output_file:
+            # Caffe's mean files carry the legacy 4-d header (1, C, H, W), not `shape`.
+            write_blobproto(array_to_blobproto(mean[None], legacy_4d=True), args.output_file)
+            print(f"Write to {args.output_file}")
+    except (OSError, ValueError) as e:
+        print(f"compute_image_mean: {e}", file=sys.stderr)
+        return 1
+    for c, v in enumerate(mean.reshape(mean.shape[0], -1).mean(axis=1)):
+        print(f"mean_value channel [{c}]: {v:g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""convert_imageset: a list of "path label" lines -> LMDB of Datum, like Caffe's convert_imageset.
+
+Each line is an image path relative to ROOT_FOLDER, a space, and an integer label (the label is
+after the last space, so paths may contain spaces). Keys are "%08d_<path>" in list order (after
+the optional shuffle). Images are stored as raw BGR (or grey) C x H x W bytes, or, with
+--encoded, as the image file itself (re-encoded as --encode_type when resized or recoloured).
+Needs Pillow to read images.
+
+CLI (Caffe's flags): convert_imageset [--gray] [--shuffle] [--resize_height=H --resize_width=W]
+    [--check_size] [--encoded] [--encode_type=png|jpg] [--backend=lmdb] ROOT_FOLDER/ LISTFILE DB_NAME
+"""
+import argparse
+import os
+import sys
+
+import numpy
+
+from scaffe.data.datum import array_to_datum, encode_image, load_image, require_pillow
+from scaffe.data.lmdb_writer import LMDBWriter
+
+__all__ = ["main", "read_image_list", "convert_imageset"]
+
+
+def read_image_list(list_file):
+    """[(path, label)] from a list file; a line without a label is an error naming the line."""
+    entries = []
+    with open(list_file, "r", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            path, sep, label = line.rpartition(" ")
+            if not sep or not path:
+                raise ValueError(f"{list_file}:{number}: expected 'path label', got {line!r}")
+            try:
+                entries.append((path, int(label)))
+            except ValueError:
+                raise ValueError(f"{list_file}:{number}: label {label!r} is not an integer") from None
+    return entries
+
+
+def _format_of(path):
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    return {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "bmp": "BMP"}.get(ext, ext.upper() or "PNG")
+
+
+def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False, resize_height=0,
+                     resize_width=0, check_size=False, encoded=False, encode_type="", seed=0, log=print):
+    """Writes the LMDB; returns the number of images stored. `seed` fixes the shuffle order."""
+    require_pillow("convert_imageset")
+    entries = read_image_list(list_file)
+    if shuffle:
+        order = numpy.random.RandomState(seed).permutation(len(entries))
+        entries = [entries[i] for i in order]
+    log(f"A total of {len(entries)} images.")
+    if (resize_height > 0) != (resize_width > 0):
+        raise ValueError("give both --resize_height and --resize_width, or neither")
+    color = not gray
+    first_shape = None
+    stored = 0
+    with LMDBWriter(db_path) as db:
+        for line_id, (rel_path, label) in enumerate(entries):
+            path = os.path.join(root_folder, rel_path)
+            try:
+                image = load_image(path, color=color, height=resize_height, width=resize_width)
+            except (OSError, ValueError) as e:
+                # Caffe skips unreadable images with a warning and goes on.
+                log(f"Could not open or find file {path}: {e}")
+                continue
+            if check_size:
+                if first_shape is None:
+                    first_shape = image.shape
+                elif image.shape != first_shape:
+                    raise ValueError(f"{path}: size {image.shape} differs from the first image's {first_shape}")
+            if encoded:
+                fmt = encode_type.upper() if encode_type else _format_of(rel_path)
+                fmt = "JPEG" if fmt == "JPG" else fmt
+                same_file = (not resize_height and _format_of(rel_path) == fmt
+                             and _file_channels(path) == image.shape[0])
+                if same_file:
+                    with open(path, "rb") as f:
+                        payload = f.read()
+                else:
+                    payload = encode_image(image, fmt)
+                datum = array_to_datum(None, label, encoded_bytes=payload)
+            else:
+                datum = array_to_datum(image, label)
+            db.put(f"{line_id:08d}_{rel_path}".encode("utf-8"), datum.SerializeToString())
+            stored += 1
+            if stored % 1000 == 0:
+                log(f"Processed {stored} files.")
+    if stored % 1000:
+        log(f"Processed {stored} files.")
+    return stored
+
+
+def _file_channels(path):
+    Image = require_pillow()
+    with Image.open(path) as img:
+        return 1 if img.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+
+
+_BOOL_FLAGS = ("gray", "shuffle", "check_size", "encoded")
+
+
+def _normalize_bool_flags(argv):
+    """gflags booleans (-flag, --flag, --flag=true/false, --noflag) -> plain store_true switches."""
+    out = []
+    for arg in argv:
+        name, _, value = arg.lstrip("-").partition("=")
+        if arg.startswith("-") and (name in _BOOL_FLAGS or name[2:] in _BOOL_FLAGS):
+            on = not name.startswith("no") if name not in _BOOL_FLAGS else value.lower() not in ("0", "false", "no", "n")
+            if value and value.lower() not in ("0", "1", "true", "false", "yes", "no", "y", "n"):
+                raise SystemExit(f"convert_imageset: --{name} takes true or false, got {value!r}")
+            if on:
+                out.append("--" + (name if name in _BOOL_FLAGS else name[2:]))
+            continue
+        out.append(arg)
+    return out
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="convert_imageset", description="Convert a list of images to an LMDB of Datum.")
+    p.add_argument("root_folder")
+    p.add_argument("list_file")
+    p.add_argument("db_name")
+    for name, help_text in (("gray", "store grey images"), ("shuffle", "shuffle the list first"),
+                            ("check_size", "require all images to have the same size"),
+                            ("encoded", "store encoded image files instead of raw pixels")):
+        p.add_argument(f"--{name}", action="store_true", help=help_text)
+    p.add_argument("--resize_height", "-resize_height", type=int, default=0)
+    p.add_argument("--resize_width", "-resize_width", type=int, default=0)
+    p.add_argument("--encode_type", "-encode_type", default="")
+    p.add_argument("--backend", "-backend", default="lmdb", help="only lmdb is supported")
+    p.add_argument("--seed", "-seed", type=int, default=0, help="seed of the --shuffle order")
+    return p
+
+
+def main(argv=None):
+    args = _parser().parse_args(_normalize_bool_flags(sys.argv[1:] if argv is None else argv))
+    if args.backend.lower() != "lmdb":
+        print(f"convert_imageset: backend {args.backend!r} is not supported; use --backend=lmdb", file=sys.stderr)
+        return 1
+    try:
+        convert_imageset(args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
+                         resize_height=args.resize_height, resize_width=args.resize_width,
+                         check_size=args.check_size, encoded=args.encoded, encode_type=args.encode_type,
+                         seed=args.seed)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"convert_imageset: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
