@@ -67,7 +67,8 @@ class Comm(MPI.Intracomm):
         return super().__new__(cls, comm)
 
     def __init__(self, comm=None):
-        self._ready = False
+        self._ready = self._fast_ok = False
+        self._rank = self._size = -1
 
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self):
@@ -81,6 +82,11 @@ class Comm(MPI.Intracomm):
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+        self._size = self.Get_size()
+        self._rank = self.Get_rank()
+        self._native_pairs = set()  # (op handle, dtype number) pairs already validated for the native path
+        self._native_below = algorithms.SELECTION
+        self._fast_ok = not self.check and self.forced is None
         self._ready = True
 
     def _state(self):
@@ -184,6 +190,28 @@ class Comm(MPI.Intracomm):
             return None
         return Call("bcast", None, target.array, None, buf, None, None, root)
 
+    def _fast_native(self, kind, sendbuf, recvbuf, op, receives):
+        """Whether a small call on plain arrays can go straight to MPI: the latency path.
+
+        Runs the same checks as the full validation, but only on what a plain contiguous ndarray can
+        get wrong, so a tiny message pays about a microsecond before reaching MPI.
+        """
+        if type(sendbuf) is not numpy.ndarray or not self._fast_ok:
+            return False
+        if sendbuf.nbytes >= self._native_below[kind] or not sendbuf.flags.c_contiguous:
+            return False
+        if receives:
+            if type(recvbuf) is not numpy.ndarray or recvbuf.size != sendbuf.size:
+                return False
+            flags = recvbuf.flags
+            if not (flags.c_contiguous and flags.writeable) or recvbuf.dtype != sendbuf.dtype:
+                return False
+        return (op.py2f(), sendbuf.dtype.num) in self._native_pairs
+
+    def _remember_native(self, call, name):
+        if name == "native" and call.send is not None:
+            self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
+
     def _algorithm(self, call):
         """(name, function) for a validated call, honouring SCAFFE_REDUCE_ALGO."""
         name = algorithms.select(call.kind, call.nbytes, self.forced)
@@ -193,6 +221,8 @@ class Comm(MPI.Intracomm):
 
     # -- blocking collectives -----------------------------------------------------------------------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+        if self._fast_native("reduce", sendbuf, recvbuf, op, self._rank == root) and 0 <= root < self._size:
+            return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
         self._state()
         self._check_root(root)
         call = self._reduction("reduce", sendbuf, recvbuf, op, root)
@@ -201,6 +231,8 @@ class Comm(MPI.Intracomm):
         self._run(call)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        if self._fast_native("allreduce", sendbuf, recvbuf, op, True):
+            return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
         call = self._reduction("allreduce", sendbuf, recvbuf, op, 0)
         if call is None:
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
@@ -214,6 +246,7 @@ class Comm(MPI.Intracomm):
 
     def _run(self, call):
         name, run = self._algorithm(call)
+        self._remember_native(call, name)
         if name == "native":
             run(self, call)
         else:

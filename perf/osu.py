@@ -1,0 +1,200 @@
+"""Shared driver of the OSU-style collective benchmarks: OSU's flags, OSU's output, native vs scaffe.
+
+Timing follows the OSU Micro-Benchmarks: a barrier, then `iterations` back-to-back calls after
+`warmup` untimed ones; each rank's mean time is averaged over ranks (Avg), with the extremes over
+ranks (Min, Max). `--impl both` measures the wrapped MPI and scaffe in the same run, alternating in
+rounds so that drifting machine load hits both alike, and adds their ratio. The bandwidth floor is
+numpy combining the same number of buffers on one core, what the memory system allows.
+"""
+import argparse
+import sys
+import time
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+
+DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_DOUBLE"),
+          "int": (numpy.int32, "MPI_INT"), "char": (numpy.int8, "MPI_CHAR")}
+LARGE_MESSAGE = 8192  # OSU's boundary for fewer iterations
+
+
+def parse_size_range(text):
+    lo, _, hi = text.rpartition(":")
+    return (int(lo) if lo else 4), int(hi)
+
+
+def parse_args(description, argv=None):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("-m", "--message-size", default="4:1048576", help="[min:]max message size in bytes")
+    p.add_argument("-i", "--iterations", type=int, default=None, help="timed iterations per size")
+    p.add_argument("-x", "--warmup", type=int, default=None, help="untimed warm-up iterations per size")
+    p.add_argument("-f", "--full", action="store_true", help="print Min, Max and Iterations too")
+    p.add_argument("-c", "--validation", action="store_true", help="check every result")
+    p.add_argument("-d", "--device", choices=["cpu", "cuda"], default="cpu", help="buffer location")
+    p.add_argument("-T", "--type", choices=sorted(DTYPES), default="float", help="element type")
+    p.add_argument("--impl", choices=["native", "scaffe", "both"], default="both")
+    p.add_argument("--alloc", action="store_true", help="scaffe uses comm.alloc (shared-memory) buffers")
+    p.add_argument("--floor", action="store_true", help="add the single-core numpy bandwidth floor column")
+    p.add_argument("--plot", metavar="FILE.png", help="draw latency against size")
+    args = p.parse_args(argv)
+    args.min_size, args.max_size = parse_size_range(args.message_size)
+    if args.device == "cuda":
+        p.error("-d cuda needs the CUDA path of the collectives, which this build does not have yet")
+    return args
+
+
+def sizes(args, itemsize):
+    size = max(args.min_size, itemsize)
+    while size <= args.max_size:
+        yield size
+        size *= 2
+
+
+def iterations_for(args, size):
+    """OSU's defaults (1000/100 small, 100/10 large), fewer still for multi-MiB messages."""
+    if args.iterations is not None:
+        return args.iterations, (args.warmup if args.warmup is not None else max(1, args.iterations // 10))
+    if size <= LARGE_MESSAGE:
+        iters, warm = 1000, 100
+    elif size < (1 << 20):
+        iters, warm = 100, 10
+    else:
+        iters, warm = max(5, int(100 * (1 << 20) / size) + 4), 2
+    return iters, (args.warmup if args.warmup is not None else warm)
+
+
+def time_calls(comm, call, iterations, warmup):
+    for _ in range(warmup):
+        call()
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iterations):
+        call()
+    return (time.perf_counter() - start) / iterations
+
+
+def across_ranks(comm, seconds):
+    """(avg, min, max) of a per-rank time over all ranks, in microseconds."""
+    t = numpy.array([seconds * 1e6])
+    total, low, high = numpy.empty(1), numpy.empty(1), numpy.empty(1)
+    comm.Allreduce(t, total, op=MPI.SUM)
+    comm.Allreduce(t, low, op=MPI.MIN)
+    comm.Allreduce(t, high, op=MPI.MAX)
+    return total[0] / comm.Get_size(), low[0], high[0]
+
+
+def bandwidth_floor(count, dtype, inputs):
+    """Seconds for numpy to combine `inputs` local buffers of `count` elements on this core."""
+    from kernels.reduce import reduce_into
+    bufs = [numpy.ones(count, dtype) for _ in range(max(inputs, 2))]
+    out = numpy.empty(count, dtype)
+    reduce_into(out, bufs, "sum")
+    start = time.perf_counter()
+    reps = 3
+    for _ in range(reps):
+        reduce_into(out, bufs, "sum")
+    return (time.perf_counter() - start) / reps
+
+
+def run(title, make_case, argv=None):
+    """Run one benchmark. make_case(comm, count, dtype, impl, args) -> (call, check) for one size.
+
+    `comm` is the plain MPI communicator for impl "native" and a collectives.Comm for "scaffe".
+    `check()` raises AssertionError when the last call's result is wrong.
+    """
+    args = parse_args(title, argv)
+    world = MPI.COMM_WORLD
+    fast = collectives.Comm(world)
+    topology = fast_topology(fast)  # collective: every rank sets up before rank 0 prints
+    rank = world.Get_rank()
+    dtype, mpi_name = DTYPES[args.type]
+    dtype = numpy.dtype(dtype)
+    impls = ["native", "scaffe"] if args.impl == "both" else [args.impl]
+    rows = []
+    if rank == 0:
+        print(f"# OSU MPI{'-CUDA' if args.device == 'cuda' else ''} {title} Latency Test (scaffe perf)")
+        print(f"# {world.Get_size()} ranks; topology: {topology}; datatype: {mpi_name}")
+        header = "# Size"
+        for impl in impls:
+            label = "" if len(impls) == 1 else f" {impl}"
+            header += f"{'Avg Latency(us)' + label:>26}"
+            if args.full:
+                header += f"{'Min Latency(us)' + label:>26}{'Max Latency(us)' + label:>26}"
+        if args.full:
+            header += f"{'Iterations':>12}"
+        if len(impls) == 2:
+            header += f"{'Ratio(native/scaffe)':>22}"
+        if args.floor:
+            header += f"{'Floor(us)':>12}"
+        print(header, flush=True)
+    for size in sizes(args, dtype.itemsize):
+        count = size // dtype.itemsize
+        iters, warm = iterations_for(args, size)
+        cases = {impl: make_case(world if impl == "native" else fast, count, dtype, impl, args) for impl in impls}
+        totals = {impl: 0.0 for impl in impls}
+        rounds = 2 if len(impls) == 2 else 1
+        for _ in range(rounds):  # alternate so slow drifts in machine load hit both implementations alike
+            for impl in impls:
+                call, check = cases[impl]
+                totals[impl] += time_calls(world, call, max(1, iters // rounds), warm)
+                if args.validation:
+                    check()
+        stats = {impl: across_ranks(world, totals[impl] / rounds) for impl in impls}
+        floor = bandwidth_floor(count, dtype, world.Get_size()) * 1e6 if args.floor else None
+        if rank == 0:
+            line = f"{size:<10d}"
+            for impl in impls:
+                avg, low, high = stats[impl]
+                line += f"{avg:>26.2f}"
+                if args.full:
+                    line += f"{low:>26.2f}{high:>26.2f}"
+            if args.full:
+                line += f"{iters:>12d}"
+            if len(impls) == 2:
+                line += f"{stats['native'][0] / stats['scaffe'][0]:>22.2f}"
+            if args.floor:
+                line += f"{floor:>12.2f}"
+            print(line, flush=True)
+            rows.append((size, {impl: stats[impl][0] for impl in impls}, floor))
+    if rank == 0 and args.plot:
+        plot(rows, impls, title, args.plot)
+
+
+def fast_topology(comm):
+    comm._state()
+    return comm.node_topology.describe()
+
+
+def plot(rows, impls, title, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [r[0] for r in rows]
+    for impl in impls:
+        ax.plot(x, [r[1][impl] for r in rows], marker="o", label=impl)
+    if rows and rows[0][2] is not None:
+        ax.plot(x, [r[2] for r in rows], linestyle="--", label="numpy floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("latency (us)")
+    ax.set_title(f"{title}: {MPI.COMM_WORLD.Get_size()} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    sys.stdout.write(f"# plot written to {path}\n")
+
+
+def buffers(comm, count, dtype, impl, args, value):
+    """A send buffer filled with `value` and a receive buffer, in shared memory if --alloc."""
+    if impl == "scaffe" and args.alloc:
+        send = comm.alloc((count,), dtype)
+        recv = comm.alloc((count,), dtype)
+        send[:] = value
+        recv[:] = 0
+        return send, recv
+    return numpy.full(count, value, dtype=dtype), numpy.zeros(count, dtype=dtype)

@@ -1,0 +1,26 @@
+"""OSU-style MPI_Bcast latency: `mpiexec -n 4 python -m perf.osu_bcast --impl both`."""
+import numpy
+
+from perf import osu
+
+
+def make_case(comm, count, dtype, impl, args):
+    rank = comm.Get_rank()
+    buf, _ = osu.buffers(comm, count, dtype, impl, args, value=7 if rank == 0 else 0)
+
+    def call():
+        comm.Bcast(buf, root=0)
+
+    def check():
+        if count and not numpy.all(buf == 7):
+            raise AssertionError(f"{impl} Bcast of {count} elements on rank {rank}: got {buf[:4]}...")
+
+    return call, check
+
+
+def main(argv=None):
+    osu.run("Bcast", make_case, argv)
+
+
+if __name__ == "__main__":
+    main()
