@@ -1,0 +1,15 @@
+"""Test-wide set-up: `gpu`-marked tests run only where a CUDA device is usable, and skip cleanly elsewhere."""
+import pytest
+
+
+def _has_cuda_device():
+    from kernels.backend import cupy_or_none
+    return cupy_or_none() is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _has_cuda_device():
+        skip = pytest.mark.skip(reason="needs a CUDA device (cupy with a GPU); none here")
+        for item in gpu_items:
+            item.add_marker(skip)
