@@ -24,7 +24,7 @@ from collectives.intranode.wait import wait_until
 from kernels.reduce import reduce_into
 
 # Control fields per local rank.
-SEQ, COPIED, REDUCED, FINISHED, SEND_WIN, SEND_OFF, RECV_WIN, RECV_OFF, READY = range(9)
+COPIED, REDUCED, FINISHED, SEND_WIN, SEND_OFF, RECV_WIN, RECV_OFF, READY = range(8)
 _FIELDS = 16  # padded to 128 bytes per rank so ranks do not share cache lines
 _SHIFT = 32
 _MIN_CAPACITY = 1 << 20
@@ -143,26 +143,24 @@ class SharedWindows:
         me, size = self.local_rank, self.local_size
         send_win, send_off = self._locate(src)
         recv_win, recv_off = (self._locate(dst) if (me == target and dst is not None) else (_NOT_SHARED, 0))
+        # Published with the first COPIED counter: a peer reads these only after waiting on that.
         ctrl = self.ctrl[me]
         ctrl[SEND_WIN], ctrl[SEND_OFF] = send_win, send_off
         ctrl[RECV_WIN], ctrl[RECV_OFF] = recv_win, recv_off
-        self._publish(SEQ, self.seq)
-        self._wait_all(SEQ, self.seq)
+        nbytes = n * dtype.itemsize
 
-        inputs = []
-        for k in range(size):
+        def peer_input(k):
             if k == me:
-                inputs.append(src)
-            elif self.ctrl[k, SEND_WIN] == _NOT_SHARED:
-                inputs.append(self.slots[k][:n * dtype.itemsize].view(dtype))
-            else:
-                inputs.append(self._peer_array(k, int(self.ctrl[k, SEND_WIN]), int(self.ctrl[k, SEND_OFF]), dtype, n))
-        result_area = self.result[:n * dtype.itemsize].view(dtype)
-        target_win = int(self.ctrl[target, RECV_WIN])
-        if target_win != _NOT_SHARED:
-            output = self._peer_array(target, target_win, int(self.ctrl[target, RECV_OFF]), dtype, n)
-        else:
-            output = result_area
+                return src
+            if self.ctrl[k, SEND_WIN] == _NOT_SHARED:
+                return self.slots[k][:nbytes].view(dtype)
+            return self._peer_array(k, int(self.ctrl[k, SEND_WIN]), int(self.ctrl[k, SEND_OFF]), dtype, n)
+
+        def output_area():
+            target_win = int(self.ctrl[target, RECV_WIN])
+            if target_win == _NOT_SHARED:
+                return self.result[:nbytes].view(dtype)
+            return self._peer_array(target, target_win, int(self.ctrl[target, RECV_OFF]), dtype, n)
 
         bounds = [n * j // size for j in range(size + 1)]
         chunk = max(1, chunk_bytes // dtype.itemsize)
@@ -172,17 +170,22 @@ class SharedWindows:
             lo = bounds[j] + r * chunk
             return slice(min(lo, bounds[j + 1]), min(lo + chunk, bounds[j + 1]))
 
-        my_out = dst if (me == target and dst is not None and target_win == _NOT_SHARED and not everyone_reads) else output
-        slot = inputs[me] if send_win != _NOT_SHARED else self.slots[me][:n * dtype.itemsize].view(dtype)
+        # The target writes its own slice straight into a private dst; the rest goes through shared memory.
+        private_dst = me == target and dst is not None and recv_win == _NOT_SHARED and not everyone_reads
+        slot = self.slots[me][:nbytes].view(dtype)
         reduced = 0
+        inputs = my_out = None
 
         def reduce_ready(block):
-            nonlocal reduced
+            nonlocal reduced, inputs, my_out
             while reduced < rounds:
                 need = base | (reduced + 1)
                 if not block and not bool((self.ctrl[:, COPIED] >= need).all()):
                     return
                 self._wait_all(COPIED, need)
+                if inputs is None:
+                    inputs = [peer_input(k) for k in range(size)]
+                    my_out = dst if private_dst else output_area()
                 s = piece(me, reduced)
                 reduce_into(my_out[s], [a[s] for a in inputs], op)
                 reduced += 1
@@ -200,8 +203,9 @@ class SharedWindows:
         reduce_ready(block=True)
 
         if everyone_reads:
-            return output, bounds, piece, rounds, base
-        if me == target and dst is not None and target_win == _NOT_SHARED:
+            return output_area(), bounds, piece, rounds, base
+        output = output_area()
+        if private_dst:
             for j in range(size):
                 if j == me:
                     continue
