@@ -60,12 +60,18 @@ def _reduce_cpu(out, inputs, ufunc):
         return
     block = max(1, BLOCK_BYTES // max(out.itemsize, 1))
     first, second, rest = inputs[0], inputs[1], inputs[2:]
+    # Writing into `out` early would destroy a later input that lives in the same memory (an
+    # in-place reduce whose buffer is not input 0); then each block is built aside and copied over.
+    aliased = any(numpy.may_share_memory(out, a) for a in inputs[1:])
+    scratch = numpy.empty(min(block, n), dtype=out.dtype) if aliased else None
     for start in range(0, n, block):
         stop = min(n, start + block)
-        o = out[start:stop]
+        o = scratch[:stop - start] if aliased else out[start:stop]
         ufunc(first[start:stop], second[start:stop], out=o)
         for a in rest:
             ufunc(o, a[start:stop], out=o)
+        if aliased:
+            out[start:stop] = o
 
 
 def _reduce_logical(out, inputs, ufunc):

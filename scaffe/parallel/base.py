@@ -1,0 +1,36 @@
+"""What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers."""
+
+
+class Schedule:
+    root = 0
+
+    def __init__(self, solver, comm):
+        self.solver = solver
+        self.net = solver.net
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.params = self.net.learnable_params
+        self.passes = 0
+        solver.callbacks.append(self)
+        self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
+
+    def _layer_backward_done(self, layer_id):
+        self.grads_ready(layer_id)
+        if layer_id == 0:  # hooks run from the last layer down to 0: this pass is complete
+            self.passes += 1
+
+    def last_pass(self):
+        """True during the last of the solver's iter_size forward/backward passes of an iteration."""
+        return self.passes == self.solver.param.iter_size - 1
+
+    def grads_ready(self, layer_id):
+        raise NotImplementedError
+
+    def param_needed(self, layer_id):
+        """Nothing to wait for unless the schedule moves parameters during forward."""
+
+    @staticmethod
+    def buffer(array):
+        """A flat contiguous view: what MPI sends. Blobs are contiguous by construction."""
+        return array.reshape(-1)
