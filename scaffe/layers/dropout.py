@@ -1,0 +1,37 @@
+"""Dropout layer (Caffe's "Dropout"): in TRAIN keeps each value with probability 1 - ratio and scales
+it by 1 / (1 - ratio), so TEST is the identity."""
+from kernels.backend import get_array_module
+from scaffe.layers import register
+from scaffe.layers._helpers import layer_rng
+from scaffe.layers.neuron import NeuronLayer
+from scaffe.proto import caffe_pb2
+
+
+@register
+class DropoutLayer(NeuronLayer):
+    type = "Dropout"
+    needs_input = False
+
+    def setup(self, bottom, top):
+        self.ratio = float(self.param.dropout_param.dropout_ratio)
+        if not 0.0 <= self.ratio < 1.0:
+            raise ValueError(f"layer {self.name!r}: dropout_ratio must be in [0, 1), got {self.ratio}")
+        self.scale = 1.0 / (1.0 - self.ratio)
+
+    def compute(self, x, y):
+        if self.phase != caffe_pb2.TRAIN:
+            if y is not x:
+                y[...] = x
+            return
+        xp = get_array_module(x)
+        keep = layer_rng(self).uniform(0.0, 1.0, size=x.shape) >= self.ratio
+        # The mask already carries the 1/(1-ratio) factor, so backward is one multiply.
+        self.mask = xp.asarray(keep * self.scale, dtype=x.dtype)
+        xp.multiply(x, self.mask, out=y)
+
+    def gradient(self, x, y, dy, dx):
+        if self.phase != caffe_pb2.TRAIN:
+            if dx is not dy:
+                dx[...] = dy
+            return
+        get_array_module(dy).multiply(dy, self.mask, out=dx)

@@ -1,0 +1,60 @@
+"""Reshape layer (Caffe's "Reshape"): new shape for axes [axis, axis + num_axes); dim 0 copies, -1 infers."""
+from scaffe.layers import register
+from scaffe.layers._helpers import count
+from scaffe.layers.layer import Layer
+
+
+@register
+class ReshapeLayer(Layer):
+    type = "Reshape"
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom, top):
+        dims = [int(d) for d in self.param.reshape_param.shape.dim]
+        if dims.count(-1) > 1:
+            raise ValueError(f"layer {self.name!r}: at most one dim may be -1")
+        if any(d < -1 for d in dims):
+            raise ValueError(f"layer {self.name!r}: dims must be -1, 0 or positive, got {dims}")
+        self.dims = dims
+
+    def reshape(self, bottom, top):
+        if top[0] is bottom[0]:
+            raise ValueError(f"layer {self.name!r}: Reshape cannot run in place")
+        rp = self.param.reshape_param
+        shape = bottom[0].shape
+        ndim = len(shape)
+        start = rp.axis + ndim + 1 if rp.axis < 0 else rp.axis
+        if not 0 <= start <= ndim:
+            raise ValueError(f"layer {self.name!r}: axis {rp.axis} out of range for shape {shape}")
+        if rp.num_axes < -1:
+            raise ValueError(f"layer {self.name!r}: num_axes must be >= -1")
+        end = ndim if rp.num_axes == -1 else start + rp.num_axes
+        if end > ndim:
+            raise ValueError(f"layer {self.name!r}: axis + num_axes exceeds the input's {ndim} axes")
+        middle = []
+        for i, d in enumerate(self.dims):
+            if d == 0:
+                if start + i >= ndim:
+                    raise ValueError(f"layer {self.name!r}: dim {i} is 0 but the input has no axis {start + i}")
+                middle.append(shape[start + i])
+            else:
+                middle.append(d)
+        new_shape = list(shape[:start]) + middle + list(shape[end:])
+        if -1 in new_shape:
+            known = count([d for d in new_shape if d != -1])
+            if known == 0 or bottom[0].count % known:
+                raise ValueError(f"layer {self.name!r}: cannot infer the -1 dim of {new_shape} "
+                                 f"from {bottom[0].count} values")
+            new_shape[new_shape.index(-1)] = bottom[0].count // known
+        if count(new_shape) != bottom[0].count:
+            raise ValueError(f"layer {self.name!r}: shape {new_shape} does not hold the input's "
+                             f"{bottom[0].count} values")
+        top[0].reshape(new_shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data.reshape(top[0].shape)
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            bottom[0].diff[...] = top[0].diff.reshape(bottom[0].shape)

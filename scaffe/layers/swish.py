@@ -1,0 +1,21 @@
+"""Swish layer (Caffe's "Swish"): x * sigmoid(beta * x)."""
+from scaffe.layers import register
+from scaffe.layers.neuron import NeuronLayer
+from scaffe.layers.sigmoid import sigmoid
+
+
+@register
+class SwishLayer(NeuronLayer):
+    type = "Swish"
+    needs_input = False
+
+    def setup(self, bottom, top):
+        self.beta = float(self.param.swish_param.beta)
+
+    def compute(self, x, y):
+        self.sig = sigmoid(x * x.dtype.type(self.beta))
+        y[...] = x * self.sig
+
+    def gradient(self, x, y, dy, dx):
+        by = y * y.dtype.type(self.beta)
+        dx[...] = dy * (by + self.sig * (1 - by))

@@ -1,0 +1,16 @@
+"""TanH layer (Caffe's "TanH")."""
+from kernels.backend import get_array_module
+from scaffe.layers import register
+from scaffe.layers.neuron import NeuronLayer
+
+
+@register
+class TanHLayer(NeuronLayer):
+    type = "TanH"
+    needs_input = False
+
+    def compute(self, x, y):
+        get_array_module(x).tanh(x, out=y)
+
+    def gradient(self, x, y, dy, dx):
+        dx[...] = dy * (1 - y * y)

@@ -1,0 +1,33 @@
+"""AdaDelta, Caffe's AdaDeltaSolver: RMS of past updates over RMS of past gradients, times lr * lr_mult.
+
+History holds the squared-gradient averages for every learnable blob, then the squared-update
+averages, as in Caffe's solverstate; `momentum` is the decay of both.
+"""
+import numpy
+
+from scaffe.solvers import register
+from scaffe.solvers.solver import Solver
+
+
+@register
+class AdaDeltaSolver(Solver):
+    type = "AdaDelta"
+    history_sets = 2
+
+    def compute_update_value(self, param_id, rate):
+        blob = self.net.learnable_params[param_id]
+        n = len(self.net.learnable_params)
+        grad_history = self.history[param_id]
+        update_history = self.history[n + param_id]
+        xp = blob.xp
+        momentum = numpy.float32(self.param.momentum)
+        delta = numpy.float32(self.param.delta)
+        one = numpy.float32(1)
+        grad_history *= momentum
+        grad_history += (one - momentum) * (blob.diff * blob.diff)
+        # Both running averages get delta so neither the ratio nor its first steps are degenerate.
+        scale = xp.sqrt((update_history + delta) / (grad_history + delta))
+        blob.diff *= scale
+        update_history *= momentum
+        update_history += (one - momentum) * (blob.diff * blob.diff)
+        blob.diff *= self.local_rate(param_id, rate)

@@ -1,0 +1,20 @@
+"""Nesterov's accelerated gradient, Caffe's NesterovSolver: step = (1 + m) * h_new - m * h_old."""
+import numpy
+
+from scaffe.solvers import register
+from scaffe.solvers.solver import Solver
+
+
+@register
+class NesterovSolver(Solver):
+    type = "Nesterov"
+
+    def compute_update_value(self, param_id, rate):
+        blob = self.net.learnable_params[param_id]
+        history = self.history[param_id]
+        momentum = numpy.float32(self.param.momentum)
+        previous = history.copy()
+        history *= momentum
+        history += self.local_rate(param_id, rate) * blob.diff
+        # Step back by the old momentum, then over-step along the new one.
+        blob.diff[...] = (numpy.float32(1) + momentum) * history - momentum * previous

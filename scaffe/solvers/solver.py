@@ -1,0 +1,567 @@
+"""Solver: Caffe's training loop (test, forward/backward, display, update, snapshot) and update pipeline.
+
+Each iteration follows BVLC Caffe's Solver::Step and SGDSolver::ApplyUpdate exactly, because
+users compare loss curves and saved weights with Caffe's:
+clear gradients -> (test) -> forward/backward iter_size times -> display -> callbacks ->
+learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
+(L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
+Subclasses (one file each) only implement `compute_update_value`.
+"""
+import math
+import os
+import time
+
+import numpy
+from google.protobuf import text_format
+
+from scaffe import io as sio
+from scaffe.log import fmt, get_logger
+from scaffe.net import Net, NetError
+from scaffe.proto import caffe_pb2
+from scaffe.solvers.lr_policy import learning_rate
+from scaffe.solvers.signals import NONE, SNAPSHOT, STOP
+
+log = get_logger(__name__)
+
+
+class SolverError(RuntimeError):
+    """Training cannot go on (bad solver settings, NaN loss, unreadable snapshot); one line."""
+
+
+class Solver:
+    """Base of all solvers. Build with `create_solver(param)` or `Solver.from_file(path)`.
+
+    Hooks for a distributed trainer, like Caffe's Solver::Callback: objects in `callbacks` may
+    define `on_start()` (called before each iteration's forward/backward) and
+    `on_gradients_ready()` (after it, before the update). `action_function` (a callable returning
+    "none", "stop" or "snapshot") is polled once per iteration and per test batch. Objects in
+    `listeners` may define `on_iteration(record)` and `on_test(iteration, test_net_id, scores)`;
+    the CLI's --log_csv is one.
+
+    Non-root solvers (`root_solver=False`) neither test, display nor snapshot, like Caffe's
+    worker solvers; the root does those for everyone.
+    """
+
+    type = None
+    # How many history blobs per learnable blob the solverstate holds (Adam, AdaDelta: 2).
+    history_sets = 1
+
+    def __init__(self, param, *, source=None, train_net=None, test_nets=None, root_solver=True,
+                 rank=0, net_kwargs=None):
+        self.param = caffe_pb2.SolverParameter()
+        self.param.CopyFrom(param)
+        self.source = os.fspath(source) if source is not None else None
+        self.root_solver = root_solver
+        self.rank = rank
+        self.net_kwargs = dict(net_kwargs or {})
+        self.callbacks = []
+        self.listeners = []
+        self.action_function = None
+        self.requested_early_exit = False
+        self.iter = 0
+        self.current_step = 0
+        self.losses = []
+        self.smoothed_loss = 0.0
+        self.last_rate = None
+        if root_solver:
+            log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(self.param))
+        if self.param.average_loss < 1:
+            raise SolverError(f"{self._where()}average_loss must be >= 1, got {self.param.average_loss}")
+        if self.param.iter_size < 1:
+            raise SolverError(f"{self._where()}iter_size must be >= 1, got {self.param.iter_size}")
+        self._check_snapshot_prefix()
+        if self.param.random_seed >= 0:
+            seed_random(self.param.random_seed + rank)
+        self.net = train_net if train_net is not None else self._init_train_net()
+        self.test_nets = list(test_nets) if test_nets is not None else self._init_test_nets()
+        if root_solver:
+            log.info("Solver scaffolding done.")
+        self.history = [self._zeros_like(b) for _ in range(self.history_sets) for b in self.net.learnable_params]
+
+    @classmethod
+    def from_file(cls, path, **kwargs):
+        """The solver described by prototxt `path`, with Caffe's snapshot_prefix defaults applied."""
+        from scaffe.solvers import create_solver
+        param = read_solver_file(path)
+        return create_solver(param, source=path, **kwargs)
+
+    def _where(self):
+        return f"{self.source}: " if self.source else ""
+
+    @staticmethod
+    def _zeros_like(blob):
+        return blob.xp.zeros(blob.shape, dtype=blob.dtype)
+
+    # ------------------------------------------------------------ building the nets
+
+    def _resolve(self, path):
+        """A path from the solver file: as given (Caffe: relative to the working directory), else
+        relative to the solver file's folder, which is what people usually mean."""
+        if os.path.exists(path) or not self.source:
+            return path
+        alt = os.path.join(os.path.dirname(os.path.abspath(self.source)), path)
+        return alt if os.path.exists(alt) else path
+
+    def _read_net(self, path):
+        try:
+            return sio.read_net_prototxt(self._resolve(path))
+        except sio.CaffeFormatError as e:
+            raise SolverError(f"{self._where()}net: {e}") from None
+
+    def _init_train_net(self):
+        p = self.param
+        given = [f for f in ("net", "net_param", "train_net", "train_net_param") if p.HasField(f)]
+        if len(given) != 1:
+            raise SolverError(f"{self._where()}the solver must name exactly one train net with one of net, "
+                              f"net_param, train_net, train_net_param; found {len(given) or 'none'}"
+                              + (f" ({', '.join(given)})" if given else ""))
+        field = given[0]
+        if field.endswith("_param"):
+            if self.root_solver:
+                log.info("Creating training net specified in %s.", field)
+            net_param = caffe_pb2.NetParameter()
+            net_param.CopyFrom(getattr(p, field))
+            source = f"{self.source or '<solver>'} ({field})"
+        else:
+            path = getattr(p, field)
+            if self.root_solver:
+                log.info("Creating training net from %s file: %s", "net" if field == "net" else "train_net", path)
+            net_param = self._read_net(path)
+            source = self._resolve(path)
+        # Solver defaults first, then the net's own state, then train_state, as Caffe merges them.
+        state = caffe_pb2.NetState(phase=caffe_pb2.TRAIN)
+        state.MergeFrom(net_param.state)
+        state.MergeFrom(p.train_state)
+        net_param.state.CopyFrom(state)
+        net = Net(net_param, source=source, **self.net_kwargs)
+        for weights in p.weights:
+            load_weights(net, weights)
+        return net
+
+    def _init_test_nets(self):
+        p = self.param
+        generic = p.HasField("net") + p.HasField("net_param")
+        if generic > 1:
+            raise SolverError(f"{self._where()}give either net or net_param, not both")
+        explicit = len(p.test_net_param) + len(p.test_net)
+        if generic:
+            if len(p.test_iter) < explicit:
+                raise SolverError(f"{self._where()}test_iter must be given for each test net")
+        elif len(p.test_iter) != explicit:
+            raise SolverError(f"{self._where()}test_iter must be given once per test net "
+                              f"({explicit} test nets, {len(p.test_iter)} test_iter)")
+        instances = explicit + (len(p.test_iter) - explicit)
+        if len(p.test_state) and len(p.test_state) != instances:
+            raise SolverError(f"{self._where()}test_state must be left out or given once per test net ({instances})")
+        if instances and p.test_interval <= 0:
+            raise SolverError(f"{self._where()}test_iter is given, so test_interval must be > 0")
+        if not self.root_solver:
+            return []
+        params, sources = [], []
+        for tp in p.test_net_param:
+            params.append(_copy(tp))
+            sources.append(("test_net_param", f"{self.source or '<solver>'} (test_net_param)"))
+        for path in p.test_net:
+            params.append(self._read_net(path))
+            sources.append((f"test_net file: {path}", self._resolve(path)))
+        remaining = len(p.test_iter) - len(params)
+        for _ in range(remaining):
+            if p.HasField("net_param"):
+                params.append(_copy(p.net_param))
+                sources.append(("net_param", f"{self.source or '<solver>'} (net_param)"))
+            else:
+                params.append(self._read_net(p.net))
+                sources.append((f"net file: {p.net}", self._resolve(p.net)))
+        nets = []
+        for i, (net_param, (what, source)) in enumerate(zip(params, sources)):
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            state.MergeFrom(net_param.state)
+            if len(p.test_state):
+                state.MergeFrom(p.test_state[i])
+            net_param.state.CopyFrom(state)
+            log.info("Creating test net (#%d) specified by %s", i, what)
+            net = Net(net_param, source=source, **self.net_kwargs)
+            for weights in p.weights:
+                load_weights(net, weights)
+            nets.append(net)
+        return nets
+
+    def _check_snapshot_prefix(self):
+        if not (self.root_solver and self.param.snapshot):
+            return
+        folder = os.path.dirname(self.param.snapshot_prefix) or "."
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise SolverError(f"{self._where()}cannot write to snapshot prefix '{self.param.snapshot_prefix}': "
+                              f"make sure that the folder '{folder}' exists and is writable")
+
+    # ------------------------------------------------------------ the loop
+
+    def request_action(self):
+        return self.action_function() if self.action_function is not None else NONE
+
+    def solve(self, resume_file=None):
+        """Caffe's Solver::Solve: train until max_iter, snapshot, then a last forward and test."""
+        log.info("Solving %s", self.net.name)
+        log.info("Learning Rate Policy: %s", self.param.lr_policy)
+        self.requested_early_exit = False
+        if resume_file:
+            log.info("Restoring previous solver status from %s", resume_file)
+            self.restore(resume_file)
+        start_iter = self.iter
+        self._solve_start = time.perf_counter()
+        self.step(self.param.max_iter - self.iter)
+        if self.root_solver and self.param.snapshot_after_train and (
+                not self.param.snapshot or self.iter % self.param.snapshot != 0):
+            self.snapshot()
+        if self.requested_early_exit:
+            log.info("Optimization stopped early.")
+            return
+        if self.param.display and self.iter % self.param.display == 0:
+            loss = self.net.forward()
+            self._update_smoothed_loss(loss, start_iter)
+            if self.root_solver:
+                log.info("Iteration %d, loss = %s", self.iter, fmt(self.smoothed_loss))
+        if self.param.test_interval and self.iter % self.param.test_interval == 0:
+            self.test_all()
+        log.info("Optimization Done.")
+
+    def step(self, iters):
+        """Runs `iters` iterations (Caffe's Solver::Step)."""
+        start_iter = self.iter
+        stop_iter = self.iter + iters
+        self.losses = []
+        self.smoothed_loss = 0.0
+        if not hasattr(self, "_solve_start"):
+            self._solve_start = time.perf_counter()
+        timer_start = time.perf_counter()
+        iterations_last = self.iter
+        batch = self.net.batch_size * self.param.iter_size
+        while self.iter < stop_iter:
+            self.net.clear_param_diffs()
+            p = self.param
+            if (p.test_interval and self.iter % p.test_interval == 0
+                    and (self.iter > 0 or p.test_initialization)):
+                if self.root_solver:
+                    self.test_all()
+                if self.requested_early_exit:
+                    break
+            for cb in self.callbacks:
+                if hasattr(cb, "on_start"):
+                    cb.on_start()
+            iter_start = time.perf_counter()
+            display = bool(p.display) and self.iter % p.display == 0
+            loss = 0.0
+            for _ in range(p.iter_size):
+                loss += self.forward_backward()
+            loss /= p.iter_size
+            if not math.isfinite(loss):
+                raise SolverError(f"{self._where()}iteration {self.iter}: the loss is {loss} "
+                                  f"(diverged); lower base_lr or check the data and the net")
+            self._update_smoothed_loss(loss, start_iter)
+            if display and self.root_solver:
+                lapse = time.perf_counter() - timer_start
+                per_s = (self.iter - iterations_last) / (lapse if lapse else 1.0)
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, fmt(per_s),
+                         fmt(lapse), p.display, fmt(self.smoothed_loss))
+                timer_start = time.perf_counter()
+                iterations_last = self.iter
+                self._log_outputs(self.net, "Train net output")
+            for cb in self.callbacks:
+                if hasattr(cb, "on_gradients_ready"):
+                    cb.on_gradients_ready()
+            this_iter = self.iter
+            self.apply_update()
+            elapsed = time.perf_counter() - iter_start
+            if self.listeners:
+                record = {"iteration": this_iter, "seconds": time.perf_counter() - self._solve_start,
+                          "loss": loss, "smoothed_loss": self.smoothed_loss, "lr": self.last_rate,
+                          "images_per_s": batch / elapsed if elapsed > 0 else float("inf")}
+                for listener in self.listeners:
+                    if hasattr(listener, "on_iteration"):
+                        listener.on_iteration(record)
+            request = self.request_action()
+            if self.root_solver and ((p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT):
+                self.snapshot()
+            if request == STOP:
+                self.requested_early_exit = True
+                break
+
+    def forward_backward(self):
+        """One forward and backward pass of the training net; returns its loss. A distributed
+        trainer may override this (or hook the net) to overlap communication with it."""
+        return self.net.forward_backward()
+
+    def close(self):
+        """Stops the data readers of the training and test nets."""
+        for net in [self.net] + list(self.test_nets):
+            net.close()
+
+    def _update_smoothed_loss(self, loss, start_iter):
+        average_loss = self.param.average_loss
+        if len(self.losses) < average_loss:
+            self.losses.append(loss)
+            size = len(self.losses)
+            self.smoothed_loss = (self.smoothed_loss * (size - 1) + loss) / size
+        else:
+            idx = (self.iter - start_iter) % average_loss
+            self.smoothed_loss += (loss - self.losses[idx]) / average_loss
+            self.losses[idx] = loss
+
+    def _log_outputs(self, net, title):
+        index = 0
+        for blob_id in net.output_blob_ids:
+            name = net.blob_names[blob_id]
+            weight = net.blob_loss_weights[blob_id]
+            values = numpy.asarray(_host(net.blobs_list[blob_id].data)).ravel()
+            for v in values:
+                extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(v))} loss)" if weight else ""
+                log.info("    %s #%d: %s = %s%s", title, index, name, fmt(v), extra)
+                index += 1
+
+    # ------------------------------------------------------------ testing
+
+    def test_all(self):
+        for i in range(len(self.test_nets)):
+            if self.requested_early_exit:
+                break
+            self.test(i)
+
+    def test(self, test_net_id=0):
+        """Caffe's Solver::Test: mean of every test net output over test_iter batches."""
+        log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        net = self.test_nets[test_net_id]
+        net.share_trained_layers_with(self.net)
+        iterations = self.param.test_iter[test_net_id]
+        scores = None
+        loss = 0.0
+        for _ in range(iterations):
+            request = self.request_action()
+            while request != NONE:
+                if request == SNAPSHOT:
+                    self.snapshot()
+                elif request == STOP:
+                    self.requested_early_exit = True
+                request = self.request_action()
+            if self.requested_early_exit:
+                break
+            iter_loss = net.forward()
+            if self.param.test_compute_loss:
+                loss += iter_loss
+            values = [numpy.asarray(_host(b.data), dtype=numpy.float64).ravel() for b in net.output_blobs]
+            if scores is None:
+                scores = [v.copy() for v in values]
+            else:
+                for s, v in zip(scores, values):
+                    s += v
+        if self.requested_early_exit:
+            log.info("Test interrupted.")
+            return None
+        if scores is None:
+            raise SolverError(f"{self._where()}test_iter for test net #{test_net_id} must be > 0, got {iterations}")
+        if self.param.test_compute_loss:
+            log.info("Test loss: %s", fmt(loss / iterations))
+        results = {}
+        index = 0
+        keys = iter(test_output_keys(net))
+        for j, blob_id in enumerate(net.output_blob_ids):
+            name = net.blob_names[blob_id]
+            weight = net.blob_loss_weights[blob_id]
+            for v in scores[j]:
+                mean = float(numpy.float32(v / iterations))
+                extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(mean))} loss)" if weight else ""
+                log.info("    Test net output #%d: %s = %s%s", index, name, fmt(mean), extra)
+                results[next(keys)] = mean
+                index += 1
+        for listener in self.listeners:
+            if hasattr(listener, "on_test"):
+                listener.on_test(self.iter, test_net_id, results)
+        return results
+
+    # ------------------------------------------------------------ the update pipeline
+
+    def get_learning_rate(self):
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        return rate
+
+    def apply_update(self):
+        """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob."""
+        rate = self.get_learning_rate()
+        self.last_rate = rate
+        if self.root_solver and self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
+        self.clip_gradients()
+        for param_id in range(len(self.net.learnable_params)):
+            self.normalize(param_id)
+            self.regularize(param_id)
+            self.compute_update_value(param_id, rate)
+        self.net.update()
+        # iter counts the updates applied so far.
+        self.iter += 1
+
+    def clip_gradients(self):
+        clip = float(numpy.float32(self.param.clip_gradients))
+        if clip < 0:
+            return
+        sumsq = 0.0
+        for blob in self.net.learnable_params:
+            d = blob.diff
+            sumsq += float((d.astype(numpy.float64) ** 2).sum()) if isinstance(d, numpy.ndarray) else float((d * d).sum())
+        l2norm = math.sqrt(sumsq)
+        if l2norm > clip:
+            scale = numpy.float32(clip / l2norm)
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                     fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
+            for blob in self.net.learnable_params:
+                blob.diff *= scale
+
+    def normalize(self, param_id):
+        if self.param.iter_size != 1:
+            self.net.learnable_params[param_id].diff *= numpy.float32(1.0 / self.param.iter_size)
+
+    def regularize(self, param_id):
+        blob = self.net.learnable_params[param_id]
+        local_decay = numpy.float32(self.param.weight_decay) * numpy.float32(self.net.params_weight_decay[param_id])
+        if not local_decay:
+            return
+        kind = self.param.regularization_type
+        if kind == "L2":
+            blob.diff += local_decay * blob.data
+        elif kind == "L1":
+            blob.diff += local_decay * blob.xp.sign(blob.data)
+        else:
+            raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
+
+    def local_rate(self, param_id, rate):
+        return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])
+
+    def compute_update_value(self, param_id, rate):
+        """Turns blob `param_id`'s gradient (in diff) into the step to subtract (left in diff)."""
+        raise NotImplementedError(f"solver type {self.type} has no update rule")
+
+    # ------------------------------------------------------------ snapshots
+
+    def snapshot_filename(self, extension):
+        return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
+
+    def snapshot(self):
+        """Writes <prefix>_iter_<N>.caffemodel(.h5) and .solverstate(.h5), each atomically."""
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            model_filename = self.snapshot_filename(".caffemodel.h5")
+            log.info("Snapshotting to HDF5 file %s", model_filename)
+            self.net.save_hdf5(model_filename, self.param.snapshot_diff)
+        else:
+            model_filename = self.snapshot_filename(".caffemodel")
+            log.info("Snapshotting to binary proto file %s", model_filename)
+            self.net.save(model_filename, self.param.snapshot_diff)
+        self.snapshot_solver_state(model_filename)
+        return model_filename
+
+    def snapshot_solver_state(self, model_filename):
+        history = [_host(h) for h in self.history]
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            filename = self.snapshot_filename(".solverstate.h5")
+            log.info("Snapshotting solver state to HDF5 file %s", filename)
+            sio.write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step, history)
+        else:
+            state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_filename,
+                                          current_step=self.current_step)
+            for h in history:
+                sio.array_to_blobproto(h, blob=state.history.add())
+            filename = self.snapshot_filename(".solverstate")
+            log.info("Snapshotting solver state to binary proto file %s", filename)
+            sio.write_solverstate(state, filename)
+        return filename
+
+    def restore(self, state_file):
+        """Restores iteration, weights (from the state's learned_net) and history. As in Caffe,
+        the position in the training data is not restored: data layers start from their beginning."""
+        state_file = os.fspath(state_file)
+        if not os.path.exists(state_file):
+            raise SolverError(f"{state_file}: no such solver state file")
+        try:
+            state = sio.read_solverstate(state_file)
+        except sio.CaffeFormatError as e:
+            raise SolverError(str(e)) from None
+        self.iter = int(state.iter)
+        if state.learned_net:
+            model = state.learned_net
+            if not os.path.exists(model):
+                # Caffe resolves it from the working directory; try the state file's folder too.
+                alt = os.path.join(os.path.dirname(os.path.abspath(state_file)), os.path.basename(model))
+                if os.path.exists(alt):
+                    model = alt
+            try:
+                self.net.copy_trained_layers_from(model)
+            except NetError as e:
+                raise SolverError(f"{state_file}: learned_net: {e}") from None
+        self.current_step = int(state.current_step)
+        if len(state.history) != len(self.history):
+            raise SolverError(f"{state_file}: holds {len(state.history)} history blobs, the {self.type} solver for "
+                              f"this net needs {len(self.history)}: incorrect length of history blobs")
+        # Every Caffe solver derives from SGDSolver, whose restore prints this line.
+        log.info("SGDSolver: restoring history")
+        for i, stored in enumerate(state.history):
+            target = self.history[i]
+            try:
+                values = sio.blobproto_to_array(stored, shape=target.shape)
+            except ValueError as e:
+                raise SolverError(f"{state_file}: history blob {i}: {e}") from None
+            if isinstance(target, numpy.ndarray):
+                target[...] = values
+            else:
+                import cupy
+                target[...] = cupy.asarray(values)
+
+
+def test_output_keys(net):
+    """Names for a net's output values: the blob name, or name_<k> per element of a multi-value output."""
+    keys = []
+    for blob_id in net.output_blob_ids:
+        name = net.blob_names[blob_id]
+        count = net.blobs_list[blob_id].count
+        keys.extend([name] if count == 1 else [f"{name}_{k}" for k in range(count)])
+    return keys
+
+
+def _copy(msg):
+    out = type(msg)()
+    out.CopyFrom(msg)
+    return out
+
+
+def _host(a):
+    return a if isinstance(a, numpy.ndarray) else a.get()
+
+
+def seed_random(seed):
+    """Seeds the generators scaffe draws from (fillers, Dropout, shuffling): numpy's global one."""
+    import random
+    numpy.random.seed(int(seed) % (2 ** 32))
+    random.seed(int(seed))
+
+
+def load_weights(net, weights):
+    """Caffe's LoadNetWeights: a comma-separated list of .caffemodel(.h5) files, loaded in order."""
+    for path in str(weights).split(","):
+        path = path.strip()
+        if path:
+            log.info("Finetuning from %s", path)
+            net.copy_trained_layers_from(path)
+
+
+def read_solver_file(path):
+    """A SolverParameter from prototxt, with Caffe's snapshot_prefix upgrade: no prefix means the
+    solver file's path without extension; a prefix that is a folder gets the file's stem added."""
+    path = os.fspath(path)
+    try:
+        param = sio.read_solver_prototxt(path)
+    except sio.CaffeFormatError as e:
+        raise SolverError(str(e)) from None
+    stem = os.path.splitext(path)[0]
+    if not param.HasField("snapshot_prefix"):
+        param.snapshot_prefix = stem
+        log.info("snapshot_prefix was not specified and is set to %s", stem)
+    elif os.path.isdir(param.snapshot_prefix):
+        param.snapshot_prefix = os.path.join(param.snapshot_prefix, os.path.basename(stem))
+        log.info("snapshot_prefix is a directory and is replaced to %s", param.snapshot_prefix)
+    return param
