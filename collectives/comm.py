@@ -94,6 +94,11 @@ class Comm(MPI.Intracomm):
             self._setup()
         return self
 
+    def describe(self):
+        """One line on the topology (collective the first time: it sets the communicator up)."""
+        self._state()
+        return self.node_topology.describe()
+
     def chunk_elements(self, dtype):
         return max(1, self.chunk_bytes // numpy.dtype(dtype).itemsize)
 

@@ -107,7 +107,7 @@ def run(title, make_case, argv=None):
     args = parse_args(title, argv)
     world = MPI.COMM_WORLD
     fast = collectives.Comm(world)
-    topology = fast_topology(fast)  # collective: every rank sets up before rank 0 prints
+    topology = fast.describe()  # collective: every rank sets up before rank 0 prints
     rank = world.Get_rank()
     dtype, mpi_name = DTYPES[args.type]
     dtype = numpy.dtype(dtype)
@@ -160,11 +160,6 @@ def run(title, make_case, argv=None):
             rows.append((size, {impl: stats[impl][0] for impl in impls}, floor))
     if rank == 0 and args.plot:
         plot(rows, impls, title, args.plot)
-
-
-def fast_topology(comm):
-    comm._state()
-    return comm.node_topology.describe()
 
 
 def plot(rows, impls, title, path):
