@@ -19,7 +19,7 @@ _max_forward_kernel = cupy.ElementwiseKernel(
     const int we = min(ws + kw, width);
     hs = max(hs, 0);
     ws = max(ws, 0);
-    T best = -FLT_MAX;
+    T best = (T)-3.402823466e+38;  // -FLT_MAX, as Caffe starts; NVRTC has no <cfloat>
     int arg = -1;
     const T* src = &x[0] + (long long)plane * height * width;
     for (int h = hs; h < he; ++h) {
@@ -34,7 +34,6 @@ _max_forward_kernel = cupy.ElementwiseKernel(
     mask = arg;
     """,
     "scaffe_max_pool_forward",
-    preamble="#include <cfloat>",
 )
 
 _max_backward_kernel = cupy.ElementwiseKernel(

@@ -1,13 +1,65 @@
-"""How many threads a CPU kernel call should use: one for small calls, numba's pool size for large ones."""
+"""Splits a CPU kernel call over threads: each numba kernel (compiled nogil) takes a [first, last) range.
+
+Why not numba's `parallel=True`: every parallel kernel then needs a parfor twin, which is slow to
+compile (seconds each, per dtype and per specialized window size), and a parfor region cannot be
+skipped for small inputs. A plain thread pool over nogil kernels runs the same compiled code serially
+or in parallel, decided per call from the amount of work.
+"""
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numba
 
-# Below this many output elements a call finishes in tens of microseconds, less than it takes to wake
-# numba's thread pool (and on a loaded machine a parallel call can wait milliseconds for a busy core).
+# Below this many elements a call finishes in tens of microseconds, less than handing work to another
+# thread costs (and on a loaded machine a parallel call can wait milliseconds for a busy core).
 PARALLEL_MIN_WORK = 1 << 15
+
+_executor = None
+_executor_pid = None
+_executor_lock = threading.Lock()
+
+
+def num_threads():
+    """Threads for kernels: numba's setting (NUMBA_NUM_THREADS), which defaults to the core count."""
+    try:
+        return max(1, int(numba.config.NUMBA_NUM_THREADS))
+    except (TypeError, ValueError):
+        return max(1, os.cpu_count() or 1)
 
 
 def parallel_parts(work, units):
     """Number of shares to split `units` independent work units (rows, planes) into."""
     if work < PARALLEL_MIN_WORK:
         return 1
-    return max(1, min(numba.get_num_threads(), units))
+    return max(1, min(num_threads(), units))
+
+
+def _pool(workers):
+    global _executor, _executor_pid
+    with _executor_lock:
+        # A forked child inherits the executor object but not its threads: start a fresh one there.
+        if _executor is None or _executor_pid != os.getpid() or _executor._max_workers < workers:
+            _executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kernels-split")
+            _executor_pid = os.getpid()
+        return _executor
+
+
+def run_split(kernel, args, units, work):
+    """kernel(*args, first, last) over [0, units), split into shares when `work` (elements) is large.
+
+    The calling thread runs the first share itself; the kernel must release the GIL (nogil=True) and
+    shares must not write the same memory.
+    """
+    parts = parallel_parts(work, units)
+    if parts == 1:
+        kernel(*args, 0, units)
+        return
+    pool = _pool(parts - 1)
+    bounds = [units * p // parts for p in range(parts + 1)]
+    futures = [pool.submit(kernel, *args, bounds[p], bounds[p + 1]) for p in range(1, parts)]
+    try:
+        kernel(*args, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()

@@ -5,19 +5,26 @@ MAX clips the window to the image and keeps the index of the first largest value
 (strict `>`), so ties go to the earliest element, as in Caffe. AVE divides by the window clipped to
 the *padded* image (padded cells count as zeros), then sums over the window clipped to the image.
 
-CPU kernels are numba-compiled; large calls run in parallel over (image, channel) planes, so that
-backward's scatter never races; the GPU twins in kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
+CPU kernels are numba-compiled (nogil) and split over threads by (image, channel) planes, so that
+backward's scatter never races. 2x2 and 3x3 windows (LeNet, cifar10, AlexNet, GoogLeNet) get kernels
+with the window size compiled in: windows that lie inside the image then run fully unrolled, about 3x
+faster than loops with run-time bounds. Arrays are indexed with unsigned integers, which spares
+numba's negative-index wraparound check in the inner loops (see im2col.py). The GPU twins in
+kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
 """
 import math
 
 import numpy
-from numba import njit, prange
+from numba import njit, uint64
 
-from kernels._threads import parallel_parts
-
+from kernels._threads import run_split
 from kernels.backend import get_array_module
 
 __all__ = ["pooled_size", "max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward"]
+
+# Window sizes that get a specialized kernel (the ones common nets use); any other size, e.g. a global
+# window, shares one generic kernel instead of compiling one per input size.
+SPECIALIZED_WINDOWS = ((2, 2), (3, 3))
 
 
 def pooled_size(size, kernel, pad, stride, ceil_mode=True):
@@ -33,117 +40,131 @@ def pooled_size(size, kernel, pad, stride, ceil_mode=True):
     return out
 
 
-@njit(cache=True)
-def _max_forward_cpu(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask, first, last):
-    plane_in = height * width
-    plane_out = oh * ow
-    for pl in range(first, last):
-        src = pl * plane_in
-        dst = pl * plane_out
-        for py in range(oh):
-            hs = py * sh - ph
-            he = min(hs + kh, height)
-            hs = max(hs, 0)
-            for px in range(ow):
-                ws = px * sw - pw
-                we = min(ws + kw, width)
-                ws = max(ws, 0)
-                best = -numpy.inf
-                arg = -1
-                for h in range(hs, he):
-                    row = src + h * width
-                    for w in range(ws, we):
-                        v = x[row + w]
-                        if v > best:
-                            best = v
-                            arg = h * width + w
-                top[dst + py * ow + px] = best
-                mask[dst + py * ow + px] = arg
+def _make_kernels(fixed_kh, fixed_kw):
+    """(max_forward, ave_forward, ave_backward) kernels; fixed_kh/kw > 0 compile the window size in
+    (numba treats closure variables as constants), 0 reads it from the arguments."""
+
+    @njit(cache=True, nogil=True)
+    def max_forward(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask, first, last):
+        if fixed_kh > 0:
+            kh = fixed_kh
+            kw = fixed_kw
+        plane_in = height * width
+        plane_out = oh * ow
+        for pl in range(first, last):
+            src = pl * plane_in
+            dst = pl * plane_out
+            for py in range(oh):
+                hs = py * sh - ph
+                for px in range(ow):
+                    ws = px * sw - pw
+                    if hs >= 0 and ws >= 0 and hs + kh <= height and ws + kw <= width:
+                        arg = hs * width + ws
+                        best = x[uint64(src + arg)]
+                        for i in range(kh):
+                            row = (hs + i) * width + ws
+                            at = uint64(src + row)
+                            for j in range(kw):
+                                v = x[at + uint64(j)]
+                                if v > best:
+                                    best = v
+                                    arg = row + j
+                    else:
+                        best = -numpy.inf
+                        arg = -1
+                        for h in range(max(hs, 0), min(hs + kh, height)):
+                            for w in range(max(ws, 0), min(ws + kw, width)):
+                                v = x[uint64(src + h * width + w)]
+                                if v > best:
+                                    best = v
+                                    arg = h * width + w
+                    out = uint64(dst + py * ow + px)
+                    top[out] = best
+                    mask[out] = arg
+
+    @njit(cache=True, nogil=True)
+    def ave_forward(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, first, last):
+        if fixed_kh > 0:
+            kh = fixed_kh
+            kw = fixed_kw
+        plane_in = height * width
+        plane_out = oh * ow
+        for pl in range(first, last):
+            src = pl * plane_in
+            dst = pl * plane_out
+            for py in range(oh):
+                hs = py * sh - ph
+                he = min(hs + kh, height + ph)
+                for px in range(ow):
+                    ws = px * sw - pw
+                    acc = 0.0
+                    if hs >= 0 and ws >= 0 and hs + kh <= height and ws + kw <= width:
+                        for i in range(kh):
+                            at = uint64(src + (hs + i) * width + ws)
+                            for j in range(kw):
+                                acc += x[at + uint64(j)]
+                        top[uint64(dst + py * ow + px)] = acc / (kh * kw)
+                    else:
+                        we = min(ws + kw, width + pw)
+                        for h in range(max(hs, 0), min(he, height)):
+                            for w in range(max(ws, 0), min(we, width)):
+                                acc += x[uint64(src + h * width + w)]
+                        top[uint64(dst + py * ow + px)] = acc / ((he - hs) * (we - ws))
+
+    @njit(cache=True, nogil=True)
+    def ave_backward(dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx, first, last):
+        if fixed_kh > 0:
+            kh = fixed_kh
+            kw = fixed_kw
+        plane_in = height * width
+        plane_out = oh * ow
+        for pl in range(first, last):
+            src = pl * plane_out
+            dst = pl * plane_in
+            for q in range(dst, dst + plane_in):
+                dx[uint64(q)] = 0
+            for py in range(oh):
+                hs = py * sh - ph
+                he = min(hs + kh, height + ph)
+                for px in range(ow):
+                    ws = px * sw - pw
+                    if hs >= 0 and ws >= 0 and hs + kh <= height and ws + kw <= width:
+                        g = dtop[uint64(src + py * ow + px)] / (kh * kw)
+                        for i in range(kh):
+                            at = uint64(dst + (hs + i) * width + ws)
+                            for j in range(kw):
+                                dx[at + uint64(j)] += g
+                    else:
+                        we = min(ws + kw, width + pw)
+                        g = dtop[uint64(src + py * ow + px)] / ((he - hs) * (we - ws))
+                        for h in range(max(hs, 0), min(he, height)):
+                            for w in range(max(ws, 0), min(we, width)):
+                                dx[uint64(dst + h * width + w)] += g
+
+    return max_forward, ave_forward, ave_backward
 
 
-@njit(cache=True)
+_KERNELS = {}
+
+
+def _kernels(kh, kw):
+    key = (kh, kw) if (kh, kw) in SPECIALIZED_WINDOWS else (0, 0)
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_kernels(*key)
+    return _KERNELS[key]
+
+
+@njit(cache=True, nogil=True)
 def _max_backward_cpu(dtop, mask, plane_in, plane_out, dx, first, last):
     for pl in range(first, last):
         src = pl * plane_out
         dst = pl * plane_in
         for q in range(dst, dst + plane_in):
-            dx[q] = 0
+            dx[uint64(q)] = 0
         for q in range(src, src + plane_out):
-            arg = mask[q]
+            arg = mask[uint64(q)]
             if arg >= 0:
-                dx[dst + arg] += dtop[q]
-
-
-@njit(cache=True)
-def _ave_forward_cpu(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, first, last):
-    plane_in = height * width
-    plane_out = oh * ow
-    for pl in range(first, last):
-        src = pl * plane_in
-        dst = pl * plane_out
-        for py in range(oh):
-            hs = py * sh - ph
-            he = min(hs + kh, height + ph)
-            for px in range(ow):
-                ws = px * sw - pw
-                we = min(ws + kw, width + pw)
-                pool_size = (he - hs) * (we - ws)
-                acc = x[src] * 0
-                for h in range(max(hs, 0), min(he, height)):
-                    row = src + h * width
-                    for w in range(max(ws, 0), min(we, width)):
-                        acc += x[row + w]
-                top[dst + py * ow + px] = acc / pool_size
-
-
-@njit(cache=True)
-def _ave_backward_cpu(dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx, first, last):
-    plane_in = height * width
-    plane_out = oh * ow
-    for pl in range(first, last):
-        src = pl * plane_out
-        dst = pl * plane_in
-        for q in range(dst, dst + plane_in):
-            dx[q] = 0
-        for py in range(oh):
-            hs = py * sh - ph
-            he = min(hs + kh, height + ph)
-            for px in range(ow):
-                ws = px * sw - pw
-                we = min(ws + kw, width + pw)
-                g = dtop[src + py * ow + px] / ((he - hs) * (we - ws))
-                for h in range(max(hs, 0), min(he, height)):
-                    row = dst + h * width
-                    for w in range(max(ws, 0), min(we, width)):
-                        dx[row + w] += g
-
-
-# Parallel versions: each thread takes one contiguous share of the planes; small calls stay serial.
-@njit(cache=True, parallel=True)
-def _max_forward_parallel(x, planes, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask, parts):
-    for p in prange(parts):
-        _max_forward_cpu(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask,
-                         planes * p // parts, planes * (p + 1) // parts)
-
-
-@njit(cache=True, parallel=True)
-def _max_backward_parallel(dtop, mask, planes, plane_in, plane_out, dx, parts):
-    for p in prange(parts):
-        _max_backward_cpu(dtop, mask, plane_in, plane_out, dx, planes * p // parts, planes * (p + 1) // parts)
-
-
-@njit(cache=True, parallel=True)
-def _ave_forward_parallel(x, planes, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, parts):
-    for p in prange(parts):
-        _ave_forward_cpu(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top,
-                         planes * p // parts, planes * (p + 1) // parts)
-
-
-@njit(cache=True, parallel=True)
-def _ave_backward_parallel(dtop, planes, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx, parts):
-    for p in prange(parts):
-        _ave_backward_cpu(dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx,
-                          planes * p // parts, planes * (p + 1) // parts)
+                dx[uint64(dst + arg)] += dtop[uint64(q)]
 
 
 def _pair(v):
@@ -173,13 +194,8 @@ def max_pool_forward(x, kernel, pad, stride, out_size, top=None, mask=None):
     mask = xp.empty(shape, dtype=numpy.int32) if mask is None else mask
     x = xp.ascontiguousarray(x)
     if xp is numpy:
-        planes = n_img * channels
         args = (x.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(top, "top"), _flat(mask, "mask"))
-        parts = parallel_parts(x.size, planes)
-        if parts == 1:
-            _max_forward_cpu(*args, 0, planes)
-        else:
-            _max_forward_parallel(args[0], planes, *args[1:], parts)
+        run_split(_kernels(kh, kw)[0], args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.max_forward(x, kh, kw, ph, pw, sh, sw, oh, ow, top, mask)
@@ -196,15 +212,8 @@ def max_pool_backward(dtop, mask, kernel, pad, stride, image_shape, dx=None):
     n_img, channels, height, width = image_shape
     dtop = xp.ascontiguousarray(dtop)
     if xp is numpy:
-        planes = n_img * channels
-        plane_out = dtop.shape[2] * dtop.shape[3]
-        parts = parallel_parts(dx.size, planes)
-        if parts == 1:
-            _max_backward_cpu(dtop.reshape(-1), _flat(mask, "mask"), height * width, plane_out, _flat(dx, "dx"),
-                              0, planes)
-        else:
-            _max_backward_parallel(dtop.reshape(-1), _flat(mask, "mask"), planes, height * width, plane_out,
-                                   _flat(dx, "dx"), parts)
+        args = (dtop.reshape(-1), _flat(mask, "mask"), height * width, dtop.shape[2] * dtop.shape[3], _flat(dx, "dx"))
+        run_split(_max_backward_cpu, args, n_img * channels, dx.size)
     else:
         from kernels import _pooling_gpu
         kh, kw = _pair(kernel)
@@ -225,14 +234,8 @@ def ave_pool_forward(x, kernel, pad, stride, out_size, top=None):
     top = xp.empty((n_img, channels, oh, ow), dtype=x.dtype) if top is None else top
     x = xp.ascontiguousarray(x)
     if xp is numpy:
-        planes = n_img * channels
-        parts = parallel_parts(x.size, planes)
-        if parts == 1:
-            _ave_forward_cpu(x.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(top, "top"),
-                             0, planes)
-        else:
-            _ave_forward_parallel(x.reshape(-1), planes, height, width, kh, kw, ph, pw, sh, sw, oh, ow,
-                                  _flat(top, "top"), parts)
+        args = (x.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(top, "top"))
+        run_split(_kernels(kh, kw)[1], args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.ave_forward(x, kh, kw, ph, pw, sh, sw, oh, ow, top)
@@ -250,14 +253,8 @@ def ave_pool_backward(dtop, kernel, pad, stride, image_shape, dx=None):
     dx = xp.empty(tuple(image_shape), dtype=dtop.dtype) if dx is None else dx
     dtop = xp.ascontiguousarray(dtop)
     if xp is numpy:
-        planes = n_img * channels
-        parts = parallel_parts(dx.size, planes)
-        if parts == 1:
-            _ave_backward_cpu(dtop.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(dx, "dx"),
-                              0, planes)
-        else:
-            _ave_backward_parallel(dtop.reshape(-1), planes, height, width, kh, kw, ph, pw, sh, sw, oh, ow,
-                                   _flat(dx, "dx"), parts)
+        args = (dtop.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(dx, "dx"))
+        run_split(_kernels(kh, kw)[2], args, n_img * channels, dx.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.ave_backward(dtop, kh, kw, ph, pw, sh, sw, dx)

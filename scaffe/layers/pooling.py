@@ -22,6 +22,8 @@ class Pooler:
     def __init__(self, method, kernel, pad, stride, ceil_mode=True):
         if method not in (MAX, AVE):
             raise ValueError("only MAX and AVE pooling are supported (STOCHASTIC is not)")
+        if any(p and p >= k for p, k in zip(pad, kernel)):
+            raise ValueError(f"pooling pad {pad} must be smaller than the kernel {kernel}")
         self.method, self.kernel, self.pad, self.stride, self.ceil_mode = method, kernel, pad, stride, ceil_mode
         self.mask = None
 

@@ -36,7 +36,11 @@ class SPPLayer(Layer):
         self.poolers, self.sizes = [], []
         for level in range(self.height_levels):
             kernel, pad, stride = level_geometry(level, height, width)
-            pooler = Pooler(self.method, kernel, pad, stride)
+            try:
+                pooler = Pooler(self.method, kernel, pad, stride)
+            except ValueError as e:
+                raise ValueError(f"layer {self.name!r}: pyramid level {level} of a {height}x{width} input: {e}; "
+                                 f"use fewer pyramid levels or a larger input") from None
             self.poolers.append(pooler)
             self.sizes.append(pooler.out_size(height, width))
         if self.height_levels == 1:

@@ -114,7 +114,8 @@ def check_gradients(param, bottoms, *, phase=caffe_pb2.TRAIN, check_bottoms=None
             numeric[e] = (plus - minus) / (2 * step)
         analytic = analytic.reshape(-1)
         scale = numpy.maximum(1.0, numpy.maximum(numpy.abs(analytic), numpy.abs(numeric)))
-        bad = numpy.abs(analytic - numeric) > tolerance * scale
+        # Written as "not close" so that a NaN on either side counts as a mismatch.
+        bad = ~(numpy.abs(analytic - numeric) <= tolerance * scale)
         if bad.any():
             e = int(numpy.argmax(bad))
             raise AssertionError(f"{harness.param.type} ({harness.param.name or 'unnamed'}): gradient of {what} "

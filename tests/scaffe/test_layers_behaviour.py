@@ -200,6 +200,7 @@ def test_parameters_take_the_bottom_dtype():
     ('type: "Clip" clip_param { min: 0 }', [numpy.ones(2)], "min and max"),
     ('type: "InnerProduct" inner_product_param { num_output: 0 }', [numpy.ones((2, 3))], "num_output"),
     ('type: "Embed" embed_param { num_output: 2 input_dim: 3 }', [numpy.array([0.5])], "integers"),
+    ('type: "SPP" spp_param { pyramid_height: 3 }', [numpy.ones((1, 1, 5, 5))], "pyramid level 2"),
 ])
 def test_bad_settings_raise_errors_naming_the_problem(text, bottoms, message):
     with pytest.raises(ValueError, match=message):
