@@ -73,7 +73,8 @@ class Comm(MPI.Intracomm):
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self):
         # Our own messages travel on a duplicate, so they can never match the user's point-to-point traffic.
-        self.private = MPI.Intracomm.Dup(self)
+        # mpi4py's Dup returns our own class; the plain Intracomm keeps our traffic off our overrides.
+        self.private = MPI.Intracomm(MPI.Intracomm.Dup(self))
         self.node_topology = Topology(self.private)
         self.shm = SharedWindows(self.node_topology.node_comm)
         self.chunk_bytes = _env_bytes("SCAFFE_CHUNK_BYTES", 1 << 20)
@@ -220,7 +221,8 @@ class Comm(MPI.Intracomm):
     def _algorithm(self, call):
         """(name, function) for a validated call, honouring SCAFFE_REDUCE_ALGO."""
         name = algorithms.select(call.kind, call.nbytes, self.forced)
-        if name == "native" and call.recv is not None and call.recv.dtype in _NEVER_NATIVE:
+        dtype = (call.send if call.send is not None else call.recv).dtype
+        if name == "native" and dtype in _NEVER_NATIVE:
             name = "tree"
         return name, algorithms.get(name, call.kind)
 

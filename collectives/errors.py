@@ -19,8 +19,9 @@ def install_abort_hook(comm=None):
     def abort(exc_type, exc, tb):
         from mpi4py import MPI
         world = comm if comm is not None else MPI.COMM_WORLD
-        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n")
-        traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+        # One write, so the launcher forwards the whole report before Abort tears the job down.
+        report = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}")
         sys.stderr.flush()
         world.Abort(1)
 

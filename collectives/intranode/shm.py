@@ -61,7 +61,7 @@ class SharedWindows:
     # -- memory -------------------------------------------------------------------------------------
     def ensure_capacity(self, nbytes):
         """Grow the data window to hold `nbytes` per slot. Collective over the node (same nbytes everywhere)."""
-        if nbytes <= self.capacity:
+        if nbytes <= self.capacity and self._data_win is not None:
             return
         capacity = max(_MIN_CAPACITY, 1 << (int(nbytes) - 1).bit_length())
         self._wait_all(FINISHED, self.seq)  # nobody may still read the old window
@@ -201,6 +201,8 @@ class SharedWindows:
             self._publish(COPIED, base | (r + 1))
             reduce_ready(block=False)
         reduce_ready(block=True)
+        if rounds == 0:  # an empty message: still say "done" for this call, or waiters never return
+            self._publish(REDUCED, base)
 
         if everyone_reads:
             return output_area(), bounds, piece, rounds, base

@@ -1,0 +1,98 @@
+"""Runs an MPI worker script under `mpiexec -n N` in a subprocess, with a timeout: a hang is a failure.
+
+The mpiexec is the one next to the running Python (the project's virtualenv, MPICH's wheel). The job
+runs in its own process group, which is killed as a whole on timeout, so no rank outlives its test.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+REPO = Path(__file__).resolve().parents[2]
+# Variables that change what the collectives do; a test sets the ones it means and inherits none.
+_OWN_VARIABLES = ("SCAFFE_", "MPI4PY_RC_")
+
+
+def find_mpiexec():
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("no mpiexec next to the Python interpreter or on PATH", allow_module_level=True)
+    return found
+
+
+def _is_open_mpi(mpiexec):
+    try:
+        banner = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in banner or "OpenRTE" in banner
+
+
+MPIEXEC = find_mpiexec()
+OPEN_MPI = _is_open_mpi(MPIEXEC)
+
+
+@dataclass
+class Job:
+    command: list
+    env_shown: dict
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool
+
+    def report(self):
+        settings = " ".join(f"{k}={v}" for k, v in sorted(self.env_shown.items()))
+        status = f"TIMED OUT after {self.seconds:.0f} s" if self.timed_out else f"exit code {self.returncode}"
+        return (f"{settings} {' '.join(self.command)}\n{status}\n"
+                f"--- stdout ---\n{self.stdout[-6000:]}\n--- stderr ---\n{self.stderr[-12000:]}")
+
+
+def launch(ranks, script, *args, env=None, timeout=60):
+    """Run workers/<script> on `ranks` ranks; returns the finished Job (never raises on failure)."""
+    command = [MPIEXEC, "-n", str(ranks)]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_VARIABLES)}
+    if OPEN_MPI:
+        command.append("--oversubscribe")
+        full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                        OMPI_MCA_rmaps_base_oversubscribe="1")
+    command += [sys.executable, str(WORKERS / script), *map(str, args)]
+    shown = {k: str(v) for k, v in (env or {}).items() if v is not None}
+    full_env.update(shown)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    # The worker prints where each rank is stuck a little before we kill it.
+    full_env["SCAFFE_TEST_WATCHDOG_S"] = str(max(1.0, timeout - 3))
+    started = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=full_env, cwd=REPO, start_new_session=True)
+    timed_out = False
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        stdout, stderr = process.communicate()
+    shown_command = [Path(command[0]).name] + command[1:]
+    return Job(shown_command, shown, process.returncode, stdout, stderr, time.monotonic() - started, timed_out)
+
+
+def run_ok(ranks, script, *args, env=None, timeout=60):
+    """Run a worker that must succeed; fails the test with its output otherwise."""
+    job = launch(ranks, script, *args, env=env, timeout=timeout)
+    if job.timed_out or job.returncode != 0 or "WORKER-OK" not in job.stdout:
+        pytest.fail(job.report(), pytrace=False)
+    return job

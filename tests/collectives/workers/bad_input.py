@@ -1,0 +1,103 @@
+"""Bad arguments raise CollectiveError on the rank that passed them, before any message is sent.
+
+Each case says which ranks make the mistake; the others sit the case out (a mistake that only the root
+can make, such as a read-only receive buffer, is made by the root alone). After every case all ranks run
+one correct Allreduce and check it, which fails or hangs if the bad call had sent or posted anything.
+Every case is tried with the blocking call and, where there is one, its I* form.
+
+    mpiexec -n 2 python bad_input.py
+"""
+import numpy
+from mpi4py import MPI
+
+import collectives
+from worker_util import Worker, contribution, expected_reduction
+
+
+def read_only(a):
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+def cases(rank, size):
+    """(name, words the message must contain, who makes the mistake, [(call name, args, kwargs)])."""
+    f64 = numpy.zeros(10)
+    f32 = numpy.zeros(10, dtype=numpy.float32)
+    strided = numpy.zeros((10, 2))[:, 0]
+    c64 = numpy.zeros(10, dtype=numpy.complex64)
+    everyone, root_only = (lambda r: True), (lambda r: r == 0)
+    non_root = (lambda r: r != 0) if size > 1 else None
+
+    def both(name, *args, **kwargs):
+        return [(name, args, kwargs), ("I" + name[0].lower() + name[1:], args, kwargs)]
+
+    return [
+        ("non-contiguous recvbuf", ["contiguous"], everyone, both("Allreduce", f64, strided)),
+        ("non-contiguous recvbuf at the root", ["contiguous"], root_only, both("Reduce", f64, strided, root=0)),
+        ("non-contiguous sendbuf", ["contiguous"], everyone, both("Allreduce", strided, f64.copy())),
+        ("non-contiguous Bcast buffer", ["contiguous"], everyone, both("Bcast", strided, root=0)),
+        ("read-only recvbuf", ["read-only"], everyone, both("Allreduce", f64, read_only(f64))),
+        ("read-only recvbuf at the root", ["read-only"], root_only, both("Reduce", f64, read_only(f64), root=0)),
+        ("read-only recvbuf in a buffer spec", ["read-only"], everyone,
+         both("Allreduce", [f64, MPI.DOUBLE], [read_only(f64), MPI.DOUBLE])),
+        ("bytes object as recvbuf", ["read-only"], everyone, both("Allreduce", bytearray(8), bytes(8))),
+        ("read-only Bcast buffer at a non-root", ["read-only"], non_root,
+         both("Bcast", read_only(f64), root=0)),
+        ("send/recv size mismatch", ["10", "11"], everyone, both("Allreduce", f64, numpy.zeros(11))),
+        ("send/recv size mismatch at the root", ["10", "9"], root_only,
+         both("Reduce", f64, numpy.zeros(9), root=0)),
+        ("count beyond the buffer", ["count"], everyone,
+         both("Allreduce", [f64, 11, MPI.DOUBLE], [f64.copy(), 11, MPI.DOUBLE])),
+        ("dtype mismatch", ["float32", "float64"], everyone, both("Allreduce", f32, f64)),
+        ("dtype mismatch in buffer specs", ["float32", "float64"], everyone,
+         both("Allreduce", [f32, MPI.FLOAT], [numpy.zeros(5), MPI.DOUBLE])),
+        ("MIN on complex", ["MIN", "complex64"], everyone, both("Allreduce", c64, c64.copy(), op=MPI.MIN)),
+        ("MAX on complex at Reduce", ["MAX", "complex128"], everyone,
+         both("Reduce", c64.astype(numpy.complex128), c64.astype(numpy.complex128), op=MPI.MAX, root=0)),
+        ("BAND on float", ["BAND", "float64"], everyone, both("Allreduce", f64, f64.copy(), op=MPI.BAND)),
+        ("BXOR on float32", ["BXOR", "float32"], everyone,
+         both("Reduce", f32, f32.copy(), op=MPI.BXOR, root=0)),
+        ("LAND on float", ["LAND", "float64"], everyone, both("Allreduce", f64, f64.copy(), op=MPI.LAND)),
+        ("negative root in Reduce", ["root", "-1"], everyone, both("Reduce", f64, f64.copy(), root=-1)),
+        ("root == size in Reduce", ["root", str(size)], everyone, both("Reduce", f64, f64.copy(), root=size)),
+        ("negative root in Bcast", ["root", "-1"], everyone, both("Bcast", f64.copy(), root=-1)),
+        ("root == size in Bcast", ["root", str(size)], everyone, both("Bcast", f64.copy(), root=size)),
+        ("MPI.IN_PLACE at a non-root in Reduce", ["IN_PLACE"], non_root,
+         both("Reduce", MPI.IN_PLACE, f64.copy(), root=0)),
+        ("no recvbuf at the root", ["recvbuf"], root_only, both("Reduce", f64, None, root=0)),
+    ]
+
+
+def main():
+    w = Worker()
+    comm, rank, size = w.comm, w.rank, w.size
+    checked = 0
+    for name, words, makers, calls in cases(rank, size):
+        if makers is None:
+            continue  # needs a rank that is not the root: not in a 1-rank job
+        for call_name, args, kwargs in calls:
+            w.case(f"{name}: {call_name}")
+            if makers(rank):
+                try:
+                    result = getattr(comm, call_name)(*args, **kwargs)
+                except collectives.CollectiveError as error:
+                    text = str(error)
+                    missing = [word for word in words if word.lower() not in text.lower()]
+                    w.check_true(not missing, f"the message {text!r} does not mention {missing}")
+                    checked += 1
+                except Exception as error:
+                    w.fail(f"raised {type(error).__name__}: {error} instead of CollectiveError")
+                else:
+                    w.fail(f"no error raised (returned {result!r})")
+            # Everybody is still in step: one correct collective, checked.
+            data = [contribution("sum", numpy.float64, 5003, r, w.cases) for r in range(size)]
+            out = numpy.empty(5003)
+            comm.Allreduce(data[rank], out, op=MPI.SUM)
+            w.check(out, expected_reduction("sum", data), "the correct Allreduce after the bad call")
+    w.check_true(checked > 0, "no bad call was made on this rank")
+    w.done("bad_input")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""What every MPI worker script shares: start-up, the op and dtype tables, test data and exact checks.
+
+A worker is one `mpiexec -n N python <script>` job. It checks many cases in one launch and dies loudly on
+the first wrong result: the failing rank raises, `collectives.install_abort_hook()` aborts the whole job,
+and the test sees a non-zero exit and the traceback on stderr. A job that does not finish is killed by the
+test harness; shortly before that a watchdog prints, on every rank, the case it was stuck in.
+"""
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import numpy
+from mpi4py import MPI
+
+import collectives
+
+SIGNED = [numpy.int8, numpy.int16, numpy.int32, numpy.int64]
+UNSIGNED = [numpy.uint8, numpy.uint16, numpy.uint32, numpy.uint64]
+FLOATS = [numpy.float16, numpy.float32, numpy.float64]
+COMPLEXES = [numpy.complex64, numpy.complex128]
+ALL_DTYPES = [numpy.dtype(t) for t in SIGNED + UNSIGNED + FLOATS + COMPLEXES]
+
+OPS = {
+    "sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+    "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR,
+    "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
+}
+LOGICAL = {"land": numpy.logical_and, "lor": numpy.logical_or, "lxor": numpy.logical_xor}
+ARITHMETIC = {"sum": numpy.add, "prod": numpy.multiply, "min": numpy.minimum, "max": numpy.maximum,
+              "band": numpy.bitwise_and, "bor": numpy.bitwise_or, "bxor": numpy.bitwise_xor}
+
+
+def valid(op, dtype):
+    """MPI's own rules (MPI 4.1, section 6.9.2), written out here so the oracle does not trust the code under test."""
+    kind = numpy.dtype(dtype).kind
+    if op in ("sum", "prod"):
+        return kind in "iufc"
+    if op in ("min", "max"):
+        return kind in "iuf"
+    return kind in "iu"  # logical and bitwise ops: integers
+
+
+def dtype_list(spec):
+    if spec == "all":
+        return list(ALL_DTYPES)
+    return [numpy.dtype(name) for name in spec.split(",")]
+
+
+def op_list(spec):
+    return list(OPS) if spec == "all" else spec.split(",")
+
+
+def contribution(op, dtype, n, rank, seed):
+    """Rank `rank`'s input for one case: small integers, so every sum and product is exact in any order.
+
+    With at most 8 ranks: sums stay within +-32 (and 64 unsigned), products of {-1, 1} or {1, 2} within
+    2**8 (unsigned products may wrap, which is defined, and numpy wraps the same way).
+    """
+    dtype = numpy.dtype(dtype)
+    rng = numpy.random.default_rng([seed, rank])
+    if op in ("band", "bor", "bxor"):  # every bit pattern
+        return rng.integers(0, 256, size=n * dtype.itemsize, dtype=numpy.uint8).view(dtype).copy()
+    if op in LOGICAL:
+        values = rng.integers(0, 3, size=n)  # 0 is false; 1 and 2 are both true
+    elif op == "prod":
+        if dtype.kind == "u":
+            values = rng.integers(1, 3, size=n)
+        elif dtype.kind == "i":
+            values = rng.choice([-1, 1], size=n)
+        else:
+            values = rng.choice([-1, 1, 2], size=n)
+    elif op in ("min", "max"):
+        values = rng.integers(0 if dtype.kind == "u" else -100, 101, size=n)
+    else:  # sum, and any data for bcast
+        values = rng.integers(0 if dtype.kind == "u" else -4, 5, size=n)
+    out = values.astype(dtype)
+    if dtype.kind == "c":
+        if op == "prod":
+            out = rng.choice(numpy.array([1, -1, 1j, -1j, 2], dtype=dtype), size=n)
+        else:
+            out = out + 1j * rng.integers(-4, 5, size=n).astype(dtype)
+    return out
+
+
+def expected_reduction(op, inputs):
+    """inputs[0] op inputs[1] op ... with numpy, in MPI's result type (logical ops give 0/1).
+
+    A single input is returned unchanged, even for logical ops: MPI applies the op only between two
+    contributions, so on one rank MPICH's own Reduce(LAND) of [2] gives [2], not [1].
+    """
+    dtype = inputs[0].dtype
+    if len(inputs) == 1:
+        return inputs[0].copy()
+    if op in LOGICAL:
+        acc = inputs[0] != 0
+        for a in inputs[1:]:
+            acc = LOGICAL[op](acc, a != 0)
+        return acc.astype(dtype)
+    acc = inputs[0].copy()
+    for a in inputs[1:]:
+        ARITHMETIC[op](acc, a, out=acc)
+    return acc
+
+
+class Worker:
+    """One rank of a worker job: the wrapped communicator, the case being checked, the final report."""
+
+    def __init__(self, comm=None):
+        collectives.install_abort_hook()
+        self.world = MPI.COMM_WORLD
+        self.comm = comm if comm is not None else collectives.Comm(MPI.COMM_WORLD)
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        self.current = "start-up"
+        self.cases = 0
+        self.started = time.monotonic()
+        self._start_watchdog()
+
+    def _start_watchdog(self):
+        seconds = float(os.environ.get("SCAFFE_TEST_WATCHDOG_S", "0") or 0)
+        if seconds <= 0:
+            return
+
+        def report():
+            sys.stderr.write(f"[rank {self.rank}] still running after {seconds:.0f} s; "
+                             f"current case: {self.current}\n")
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stderr.flush()
+
+        timer = threading.Timer(seconds, report)
+        timer.daemon = True
+        timer.start()
+
+    def case(self, description):
+        self.current = description
+        self.cases += 1
+
+    def fail(self, message):
+        raise AssertionError(f"[rank {self.rank} of {self.size}] {self.current}: {message}")
+
+    def check(self, got, expected, what):
+        """Exact comparison of two 1-D arrays (dtype, length and every element)."""
+        got = numpy.asarray(got)
+        if got.dtype != expected.dtype or got.shape != expected.shape:
+            self.fail(f"{what}: got {got.shape} x {got.dtype}, expected {expected.shape} x {expected.dtype}")
+        if not numpy.array_equal(got, expected):
+            bad = numpy.flatnonzero(got != expected)
+            first = int(bad[0])
+            self.fail(f"{what}: {bad.size} of {got.size} elements differ; first at [{first}]: "
+                      f"got {got[first]!r}, expected {expected[first]!r}")
+
+    def check_true(self, condition, message):
+        if not condition:
+            self.fail(message)
+
+    def done(self, name):
+        """Every rank got here: rank 0 prints the line the harness looks for."""
+        self.current = "final barrier"
+        self.world.Barrier()
+        counts = self.world.gather(self.cases, root=0)
+        if self.rank == 0:
+            topo = self.comm.node_topology.describe() if getattr(self.comm, "_ready", False) else "-"
+            print(f"WORKER-OK {name}: {sum(counts)} case-checks on {self.size} rank(s), {topo}, "
+                  f"algo={os.environ.get('SCAFFE_REDUCE_ALGO', 'default')}, "
+                  f"thread level {MPI.Query_thread()} (multiple={MPI.THREAD_MULTIPLE}), "
+                  f"{time.monotonic() - self.started:.1f} s", flush=True)
