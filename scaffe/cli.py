@@ -69,6 +69,9 @@ def _parser():
     t.add_argument("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here")
     t.add_argument("--sigint_effect", default="stop", help="on SIGINT/SIGTERM: stop, snapshot or none")
     t.add_argument("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none")
+    t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce"),
+                   help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates) "
+                        "or bucketed allreduce (every rank updates)")
     s = sub.add_parser("test", help="score a model")
     _common(s, model=True)
     s.add_argument("--weights", default="", help="the trained .caffemodel")
@@ -188,8 +191,13 @@ def _train(args):
         param.weights.append(args.weights)
     csv_log = None
     solver = None
+    from scaffe.parallel.launch import make_distributed, quiet_non_root, world
+    comm, rank, size = world()
+    quiet_non_root(rank)
     try:
-        solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp})
+        solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp}, root_solver=rank == 0)
+        if size > 1:
+            make_distributed(solver, comm, args.schedule)
         solver.action_function = handler.action
         if args.log_csv:
             columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
@@ -200,7 +208,6 @@ def _train(args):
             solver.restore(args.snapshot)
         log.info("Starting Optimization")
         solver.solve()
-        log.info("Optimization Done.")
     finally:
         handler.restore()
         if csv_log is not None:

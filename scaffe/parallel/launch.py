@@ -11,6 +11,13 @@ def world():
     return comm, comm.Get_rank(), comm.Get_size()
 
 
+def quiet_non_root(rank):
+    """Only the root logs progress, like Caffe's multi-GPU training; warnings still show everywhere."""
+    if rank != 0:
+        import logging
+        get_logger().setLevel(logging.WARNING)
+
+
 def shard_training_data(solver, rank, size):
     """Give every data layer of the training net this rank's shard; test nets keep reading everything.
 

@@ -1,0 +1,60 @@
+"""Data-parallel training: P ranks x batch B reach the weights of 1 rank x batch P*B on the same samples."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("workers") / "train_lenet.py"
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
+
+
+def _run(ranks, args, timeout=240):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable] + args
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path, schedule):
+    iterations, ranks, batch = 4, 2, 32
+    single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
+    _run(1, [str(WORKER), schedule, str(iterations), str(ranks * batch), str(single)])
+    _run(ranks, [str(WORKER), schedule, str(iterations), str(batch), str(multi)])
+    a, b = numpy.load(single), numpy.load(multi)
+    assert a.files == b.files
+    for name in a.files:
+        scale = max(1.0, float(numpy.abs(a[name]).max()))
+        numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale)
+    # The run moved the weights: equality is not the trivial one of two untouched nets.
+    first = numpy.load(single)
+    assert any(numpy.abs(first[n]).sum() > 0 for n in first.files)
+
+
+def test_mpiexec_scaffe_train_lenet(mnist, tmp_path):
+    """`mpiexec -n 2 scaffe train` trains LeNet on the bundled MNIST to >= 0.95 test accuracy."""
+    solver = tmp_path / "solver.prototxt"
+    text = (ROOT / "examples" / "mnist" / "lenet_solver.prototxt").read_text()
+    text = text.replace('snapshot_prefix: "examples/mnist/lenet"', f'snapshot_prefix: "{tmp_path}/lenet"')
+    text = text.replace('net: "examples/mnist/lenet_train_test.prototxt"',
+                        f'net: "{ROOT}/examples/mnist/lenet_train_test.prototxt"')
+    solver.write_text(text)
+    done = _run(2, ["-m", "scaffe", "train", f"--solver={solver}", "--iterations=500"], timeout=400)
+    log = done.stdout + done.stderr
+    assert "Data-parallel training on 2 ranks" in log
+    accuracy = [float(line.rsplit("=", 1)[1]) for line in log.splitlines() if "Test net output #0: accuracy" in line]
+    assert accuracy and accuracy[-1] >= 0.95, log[-2000:]
+    assert "Optimization Done." in log
+    assert (tmp_path / "lenet_iter_500.caffemodel").exists()
