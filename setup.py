@@ -15,7 +15,8 @@ setup(
     package_data={"scaffe": ["proto/*.proto"]},
     install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "grpcio-tools"],
+        "test": ["pytest", "pytest-timeout", "grpcio-tools", "pillow"],
+        "images": ["pillow"],
         "cuda12": ["cupy-cuda12x"],
         "cuda13": ["cupy-cuda13x"],
         "plot": ["matplotlib"],

@@ -208,6 +208,7 @@ def _train(args):
             solver.restore(args.snapshot)
         log.info("Starting Optimization")
         solver.solve()
+        log.info("Optimization Done.")  # caffe.cpp prints it again after Solver::Solve
     finally:
         handler.restore()
         if csv_log is not None:
