@@ -50,6 +50,36 @@ def _env_bytes(name, default):
     return parsed
 
 
+class _FastPath:
+    """The latency path's checks: a small call on plain arrays goes straight to MPI when it passes.
+
+    They are the full validation's checks restricted to what a plain contiguous ndarray can get
+    wrong, and an (op, dtype) pair must have passed the full validation once before.
+    """
+
+    __slots__ = ("rank", "size", "pairs", "reduce_below", "allreduce_below")
+
+    def __init__(self, rank, size, pairs):
+        self.rank, self.size, self.pairs = rank, size, pairs
+        self.reduce_below = algorithms.SELECTION["reduce"]
+        self.allreduce_below = algorithms.SELECTION["allreduce"]
+
+    def reduce_ok(self, sendbuf, recvbuf, op, root):
+        return (0 <= root < self.size
+                and self.allowed(sendbuf, recvbuf, op, self.rank == root, self.reduce_below))
+
+    def allowed(self, sendbuf, recvbuf, op, receives, below):
+        if type(sendbuf) is not numpy.ndarray or sendbuf.nbytes >= below or not sendbuf.flags.c_contiguous:
+            return False
+        if receives:
+            if type(recvbuf) is not numpy.ndarray or recvbuf.size != sendbuf.size:
+                return False
+            flags = recvbuf.flags
+            if not (flags.c_contiguous and flags.writeable) or recvbuf.dtype != sendbuf.dtype:
+                return False
+        return (op.py2f(), sendbuf.dtype.num) in self.pairs
+
+
 class Comm(MPI.Intracomm):
     """Drop-in for an mpi4py intracommunicator with faster Reduce, Allreduce, Bcast and their I* forms.
 
@@ -67,8 +97,8 @@ class Comm(MPI.Intracomm):
         return super().__new__(cls, comm)
 
     def __init__(self, comm=None):
-        self._ready = self._fast_ok = False
-        self._rank = self._size = -1
+        self._ready = False
+        self._fast = None
 
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self):
@@ -83,11 +113,11 @@ class Comm(MPI.Intracomm):
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-        self._size = self.Get_size()
-        self._rank = self.Get_rank()
         self._native_pairs = set()  # (op handle, dtype number) pairs already validated for the native path
-        self._native_below = algorithms.SELECTION
-        self._fast_ok = not self.check and self.forced is None
+        # Everything the latency path reads, in one object: attribute lookups on an mpi4py
+        # subclass cost more than the checks themselves.
+        self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs)
+                      if not self.check and self.forced is None else None)
         self._ready = True
 
     def _state(self):
@@ -196,31 +226,13 @@ class Comm(MPI.Intracomm):
             return None
         return Call("bcast", None, target.array, None, buf, None, None, root)
 
-    def _fast_native(self, kind, sendbuf, recvbuf, op, receives):
-        """Whether a small call on plain arrays can go straight to MPI: the latency path.
-
-        Runs the same checks as the full validation, but only on what a plain contiguous ndarray can
-        get wrong, so a tiny message pays about a microsecond before reaching MPI.
-        """
-        if type(sendbuf) is not numpy.ndarray or not self._fast_ok:
-            return False
-        if sendbuf.nbytes >= self._native_below[kind] or not sendbuf.flags.c_contiguous:
-            return False
-        if receives:
-            if type(recvbuf) is not numpy.ndarray or recvbuf.size != sendbuf.size:
-                return False
-            flags = recvbuf.flags
-            if not (flags.c_contiguous and flags.writeable) or recvbuf.dtype != sendbuf.dtype:
-                return False
-        return (op.py2f(), sendbuf.dtype.num) in self._native_pairs
-
     def _remember_native(self, call, name):
         if name == "native" and call.send is not None:
             self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
 
     def _algorithm(self, call):
         """(name, function) for a validated call, honouring SCAFFE_REDUCE_ALGO."""
-        name = algorithms.select(call.kind, call.nbytes, self.forced)
+        name = algorithms.select(call.kind, call.nbytes, self.node_topology.num_nodes, self.forced)
         dtype = (call.send if call.send is not None else call.recv).dtype
         if name == "native" and dtype in _NEVER_NATIVE:
             name = "tree"
@@ -228,7 +240,8 @@ class Comm(MPI.Intracomm):
 
     # -- blocking collectives -----------------------------------------------------------------------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
-        if self._fast_native("reduce", sendbuf, recvbuf, op, self._rank == root) and 0 <= root < self._size:
+        fast = self._fast
+        if fast is not None and fast.reduce_ok(sendbuf, recvbuf, op, root):
             return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
         self._state()
         self._check_root(root)
@@ -238,7 +251,8 @@ class Comm(MPI.Intracomm):
         self._run(call)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        if self._fast_native("allreduce", sendbuf, recvbuf, op, True):
+        fast = self._fast
+        if fast is not None and fast.allowed(sendbuf, recvbuf, op, True, fast.allreduce_below):
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
         call = self._reduction("allreduce", sendbuf, recvbuf, op, 0)
         if call is None:

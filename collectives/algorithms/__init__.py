@@ -16,13 +16,16 @@ _ALGORITHMS = {
 }
 _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
-# (kind, smallest message in bytes that leaves native MPI). Below it MPI's latency-tuned small-message
+# kind -> smallest message in bytes that leaves native MPI. Below it MPI's latency-tuned small-message
 # paths win; above it the shared-memory pipeline does (see perf/osu_*.py for the crossover measured).
 SELECTION = {
     "reduce": 16 << 10,
     "allreduce": 16 << 10,
     "bcast": 256 << 10,
 }
+# Kinds that stay native on a single node whatever the size: MPICH broadcasts inside a node with one
+# kernel-assisted copy, which two copies through a shared window cannot beat (measured: 0.75x at 64 MiB).
+NATIVE_ON_ONE_NODE = {"bcast"}
 
 
 def names():
@@ -39,11 +42,13 @@ def forced():
     return name
 
 
-def select(kind, nbytes, override=None):
+def select(kind, nbytes, num_nodes, override=None):
     """Name of the algorithm for a `kind` collective of `nbytes` (override: SCAFFE_REDUCE_ALGO's value)."""
     if override is not None:
         return override
-    return "native" if nbytes < SELECTION[kind] else "hierarchical"
+    if nbytes < SELECTION[kind] or (num_nodes == 1 and kind in NATIVE_ON_ONE_NODE):
+        return "native"
+    return "hierarchical"
 
 
 def get(name, kind):
