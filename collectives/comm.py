@@ -232,7 +232,7 @@ class Comm(MPI.Intracomm):
 
     def _algorithm(self, call):
         """(name, function) for a validated call, honouring SCAFFE_REDUCE_ALGO."""
-        name = algorithms.select(call.kind, call.nbytes, self.node_topology.num_nodes, self.forced)
+        name = algorithms.select(call.kind, call.nbytes, self.forced)
         dtype = (call.send if call.send is not None else call.recv).dtype
         if name == "native" and dtype in _NEVER_NATIVE:
             name = "tree"

@@ -18,14 +18,14 @@ _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
 # kind -> smallest message in bytes that leaves native MPI. Below it MPI's latency-tuned small-message
 # paths win; above it the shared-memory pipeline does (see perf/osu_*.py for the crossover measured).
+# None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH broadcasts with one
+# kernel-assisted copy, which our two-copy pipeline does not beat: measured 0.75x at 64 MiB in one
+# node and 0.6-0.8x over simulated nodes of one host (perf/osu_bcast.py).
 SELECTION = {
     "reduce": 16 << 10,
     "allreduce": 16 << 10,
-    "bcast": 256 << 10,
+    "bcast": None,
 }
-# Kinds that stay native on a single node whatever the size: MPICH broadcasts inside a node with one
-# kernel-assisted copy, which two copies through a shared window cannot beat (measured: 0.75x at 64 MiB).
-NATIVE_ON_ONE_NODE = {"bcast"}
 
 
 def names():
@@ -42,13 +42,12 @@ def forced():
     return name
 
 
-def select(kind, nbytes, num_nodes, override=None):
+def select(kind, nbytes, override=None):
     """Name of the algorithm for a `kind` collective of `nbytes` (override: SCAFFE_REDUCE_ALGO's value)."""
     if override is not None:
         return override
-    if nbytes < SELECTION[kind] or (num_nodes == 1 and kind in NATIVE_ON_ONE_NODE):
-        return "native"
-    return "hierarchical"
+    threshold = SELECTION[kind]
+    return "native" if threshold is None or nbytes < threshold else "hierarchical"
 
 
 def get(name, kind):
