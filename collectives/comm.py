@@ -17,6 +17,7 @@ from collectives.errors import CollectiveError, MismatchError
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import op_name
 from collectives.progress import Progress
+from collectives.settings import positive_int
 from collectives.topology import Topology
 from kernels.reduce import supports
 
@@ -35,19 +36,6 @@ class Call:
         self.send_spec, self.recv_spec = send_spec, recv_spec
         self.op, self.op_name, self.root = op, name, root
         self.nbytes = (send if send is not None else recv).nbytes
-
-
-def _env_bytes(name, default):
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        parsed = int(value)
-    except ValueError:
-        parsed = 0
-    if parsed < 1:
-        raise ValueError(f"{name} must be a positive number of bytes, got {value!r}")
-    return parsed
 
 
 class _FastPath:
@@ -107,8 +95,8 @@ class Comm(MPI.Intracomm):
         self.private = MPI.Intracomm(MPI.Intracomm.Dup(self))
         self.node_topology = Topology(self.private)
         self.shm = SharedWindows(self.node_topology.node_comm)
-        self.chunk_bytes = _env_bytes("SCAFFE_CHUNK_BYTES", 1 << 20)
-        self.shm_chunk_bytes = _env_bytes("SCAFFE_SHM_CHUNK_BYTES", 4 << 20)
+        self.chunk_bytes = positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
+        self.shm_chunk_bytes = positive_int("SCAFFE_SHM_CHUNK_BYTES", 4 << 20)
         self.scratch = ScratchPool()
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()

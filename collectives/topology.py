@@ -3,22 +3,13 @@
 `SCAFFE_RANKS_PER_NODE=L` cuts each physical node into groups of L consecutive local ranks (the last
 group may be smaller), so one host can play several nodes and exercise the inter-node stage in CI.
 """
-import os
-
 from mpi4py import MPI
+
+from collectives.settings import positive_int
 
 
 def ranks_per_node_override():
-    value = os.environ.get("SCAFFE_RANKS_PER_NODE", "").strip()
-    if not value:
-        return None
-    try:
-        per_node = int(value)
-    except ValueError:
-        per_node = 0
-    if per_node < 1:
-        raise ValueError(f"SCAFFE_RANKS_PER_NODE must be a positive integer, got {value!r}")
-    return per_node
+    return positive_int("SCAFFE_RANKS_PER_NODE")
 
 
 class Topology:
