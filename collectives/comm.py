@@ -152,6 +152,7 @@ class Comm(MPI.Intracomm):
     def _reduction(self, kind, sendbuf, recvbuf, op, root):
         """A Call for Reduce/Allreduce, or None when the wrapped MPI must do it."""
         self._state()
+        self._check_root(root)
         rank = self.Get_rank()
         receives = kind == "allreduce" or rank == root
         if sendbuf is MPI.IN_PLACE and not receives:
@@ -214,74 +215,64 @@ class Comm(MPI.Intracomm):
             return None
         return Call("bcast", None, target.array, None, buf, None, None, root)
 
-    def _remember_native(self, call, name):
-        if name == "native" and call.send is not None:
-            self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
+    def _offload(self, call):
+        """The work of a validated call as a zero-argument callable, or None when the wrapped MPI does it.
 
-    def _algorithm(self, call):
-        """(name, function) for a validated call, honouring SCAFFE_REDUCE_ALGO."""
+        Honours SCAFFE_REDUCE_ALGO; an (op, dtype) pair that went native joins the latency path.
+        """
+        if call is None:
+            return None
         name = algorithms.select(call.kind, call.nbytes, self.forced)
         dtype = (call.send if call.send is not None else call.recv).dtype
         if name == "native" and dtype in _NEVER_NATIVE:
             name = "tree"
-        return name, algorithms.get(name, call.kind)
+        if name == "native":
+            if call.send is not None:
+                self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
+            return None
+        run = algorithms.get(name, call.kind)
+        return lambda: run(self, call)
 
     # -- blocking collectives -----------------------------------------------------------------------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
         fast = self._fast
         if fast is not None and fast.reduce_ok(sendbuf, recvbuf, op, root):
             return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
-        self._state()
-        self._check_root(root)
-        call = self._reduction("reduce", sendbuf, recvbuf, op, root)
-        if call is None:
+        work = self._offload(self._reduction("reduce", sendbuf, recvbuf, op, root))
+        if work is None:
             return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
-        self._run(call)
+        self.progress.run(work)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         fast = self._fast
         if fast is not None and fast.allowed(sendbuf, recvbuf, op, True, fast.allreduce_below):
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        call = self._reduction("allreduce", sendbuf, recvbuf, op, 0)
-        if call is None:
+        work = self._offload(self._reduction("allreduce", sendbuf, recvbuf, op, 0))
+        if work is None:
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        self._run(call)
+        self.progress.run(work)
 
     def Bcast(self, buf, root=0):
-        call = self._broadcast(buf, root)
-        if call is None:
+        work = self._offload(self._broadcast(buf, root))
+        if work is None:
             return MPI.Intracomm.Bcast(self, buf, root)
-        self._run(call)
-
-    def _run(self, call):
-        name, run = self._algorithm(call)
-        self._remember_native(call, name)
-        if name == "native":
-            run(self, call)
-        else:
-            self.progress.run(lambda: run(self, call))
+        self.progress.run(work)
 
     # -- nonblocking collectives --------------------------------------------------------------------
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
-        self._state()
-        self._check_root(root)
-        call = self._reduction("reduce", sendbuf, recvbuf, op, root)
-        if call is None or self._algorithm(call)[0] == "native":
+        work = self._offload(self._reduction("reduce", sendbuf, recvbuf, op, root))
+        if work is None:
             return MPI.Intracomm.Ireduce(self, sendbuf, recvbuf, op, root)
-        return self._submit(call)
+        return self.progress.submit(work)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        call = self._reduction("allreduce", sendbuf, recvbuf, op, 0)
-        if call is None or self._algorithm(call)[0] == "native":
+        work = self._offload(self._reduction("allreduce", sendbuf, recvbuf, op, 0))
+        if work is None:
             return MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)
-        return self._submit(call)
+        return self.progress.submit(work)
 
     def Ibcast(self, buf, root=0):
-        call = self._broadcast(buf, root)
-        if call is None or self._algorithm(call)[0] == "native":
+        work = self._offload(self._broadcast(buf, root))
+        if work is None:
             return MPI.Intracomm.Ibcast(self, buf, root)
-        return self._submit(call)
-
-    def _submit(self, call):
-        _, run = self._algorithm(call)
-        return self.progress.submit(lambda: run(self, call))
+        return self.progress.submit(work)

@@ -2,14 +2,16 @@
 
 Each algorithm provides reduce(comm, call), allreduce(comm, call) and bcast(comm, call), where `comm`
 is the `collectives.Comm` and `call` the validated `Call`. Adding an algorithm touches its own module,
-`_ALGORITHMS` and, if it should ever be chosen automatically, `SELECTION`.
+`_ALGORITHMS` and, if it should ever be chosen automatically, `SELECTION`. "native" has no module:
+`Comm` then calls the wrapped MPI itself with the user's own arguments, as it does for every call it
+cannot compute.
 """
 import os
 
-from collectives.algorithms import chain, flat, hierarchical, native, tree
+from collectives.algorithms import chain, flat, hierarchical, tree
 
 _ALGORITHMS = {
-    "native": (native.reduce, native.allreduce, native.bcast),
+    "native": None,
     "tree": flat.make(tree.shape),
     "chain": flat.make(chain.shape),
     "hierarchical": (hierarchical.reduce, hierarchical.allreduce, hierarchical.bcast),

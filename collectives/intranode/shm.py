@@ -135,11 +135,12 @@ class SharedWindows:
 
         target: local rank that needs the result. On the target, `dst` (if given) receives it;
         otherwise, or with `everyone_reads`, the result stays in the result area and the returned
-        view of it is valid until `finish()`. With `everyone_reads` every rank gets that view and
-        must call `wait_result()` slice by slice (see `allreduce`).
+        view of it is valid until `finish()`. With `everyone_reads` every rank returns at once with
+        (view, piece, rounds, base) and must wait for each slice before reading it (see `allreduce`).
         """
         dtype, n = src.dtype, src.shape[0]
-        base = self.begin(n * dtype.itemsize)
+        nbytes = n * dtype.itemsize
+        base = self.begin(nbytes)
         me, size = self.local_rank, self.local_size
         send_win, send_off = self._locate(src)
         recv_win, recv_off = (self._locate(dst) if (me == target and dst is not None) else (_NOT_SHARED, 0))
@@ -147,7 +148,6 @@ class SharedWindows:
         ctrl = self.ctrl[me]
         ctrl[SEND_WIN], ctrl[SEND_OFF] = send_win, send_off
         ctrl[RECV_WIN], ctrl[RECV_OFF] = recv_win, recv_off
-        nbytes = n * dtype.itemsize
 
         def peer_input(k):
             if k == me:
@@ -205,20 +205,22 @@ class SharedWindows:
             self._publish(REDUCED, base)
 
         if everyone_reads:
-            return output_area(), bounds, piece, rounds, base
+            return output_area(), piece, rounds, base
         output = output_area()
         if private_dst:
-            for j in range(size):
-                if j == me:
-                    continue
-                for r in range(rounds):
-                    self._wait_one(j, REDUCED, base | (r + 1))
-                    s = piece(j, r)
-                    dst[s] = output[s]
+            self._copy_reduced(output, dst, [j for j in range(size) if j != me], piece, rounds, base)
         elif me == target or send_win != _NOT_SHARED:
             # The target returns the node result; owners of alloc buffers must not reuse them early.
             self._wait_all(REDUCED, base | rounds)
         return output
+
+    def _copy_reduced(self, output, dst, owners, piece, rounds, base):
+        """Copy each owner's reduced slice from `output` to `dst`, a chunk as soon as it is published."""
+        for j in owners:
+            for r in range(rounds):
+                self._wait_one(j, REDUCED, base | (r + 1))
+                s = piece(j, r)
+                dst[s] = output[s]
 
     def allreduce(self, src, dst, op, chunk_bytes=1 << 20, between_nodes=None, head=0):
         """Reduce over the node, optionally combine across nodes on the head, and give everyone the result.
@@ -226,16 +228,12 @@ class SharedWindows:
         between_nodes(result_view) runs on the head only, after the node reduce, and must leave the
         global result in result_view; the other ranks wait for it.
         """
-        output, bounds, piece, rounds, base = self.reduce(src, op, target=head, chunk_bytes=chunk_bytes,
-                                                          everyone_reads=True)
+        output, piece, rounds, base = self.reduce(src, op, target=head, chunk_bytes=chunk_bytes,
+                                                  everyone_reads=True)
         me, size = self.local_rank, self.local_size
         if between_nodes is None:
-            for jj in range(size):
-                j = (me + jj) % size  # start with my own slice: it is ready first
-                for r in range(rounds):
-                    self._wait_one(j, REDUCED, base | (r + 1))
-                    s = piece(j, r)
-                    dst[s] = output[s]
+            # Start with my own slice: it is ready first.
+            self._copy_reduced(output, dst, [(me + k) % size for k in range(size)], piece, rounds, base)
         else:
             if me == head:
                 self._wait_all(REDUCED, base | rounds)
