@@ -1,6 +1,10 @@
 """Validation errors raised before any message is sent, and the hook that aborts the job on an uncaught error."""
+import os
 import sys
+import time
 import traceback
+
+_FORWARD_PAUSE_S = 0.3
 
 
 class CollectiveError(ValueError):
@@ -19,10 +23,12 @@ def install_abort_hook(comm=None):
     def abort(exc_type, exc, tb):
         from mpi4py import MPI
         world = comm if comm is not None else MPI.COMM_WORLD
-        # One write, so the launcher forwards the whole report before Abort tears the job down.
         report = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.write(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}")
         sys.stderr.flush()
+        # One unbuffered write, then a moment for the launcher to forward it: Abort kills the
+        # forwarding too, and without the pause the report was sometimes lost entirely.
+        os.write(2, f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}".encode())
+        time.sleep(_FORWARD_PAUSE_S)
         world.Abort(1)
 
     sys.excepthook = abort
