@@ -3,11 +3,10 @@
 CPU path: numpy ufuncs applied block by block. A plain chain of K-1 whole-array ufunc calls streams the
 output through memory K-1 times; working in blocks that fit in the L2 cache makes the chain cost about
 one pass over the inputs, which is what a hand-fused kernel achieves, without a JIT compile per dtype.
-The GPU twin (cupy arrays) lands with the CUDA path; the signature is the same.
+GPU path (device arrays: numba's, cupy's, anything with `__cuda_array_interface__`): the fused numba.cuda
+kernel in `_reduce_cuda`, same signature, imported only when a device array arrives.
 """
 import numpy
-
-from kernels.backend import get_array_module
 
 # op name -> numpy ufunc. The names are the collectives' vocabulary (MPI.SUM -> "sum", ...).
 UFUNCS = {
@@ -39,14 +38,18 @@ def supports(op, dtype):
     return False
 
 
-def reduce_into(out, inputs, op):
+def reduce_into(out, inputs, op, stream=0):
     """out[:] = inputs[0] op inputs[1] op ... (left to right). `out` may be one of the inputs.
 
-    All arrays are 1-D, of one dtype and length. With a single input this is a copy.
+    All arrays are 1-D, of one dtype and length, and all in host memory or all on the device. With a
+    single input this is a copy. `stream` orders the device kernel (ignored on the CPU).
     """
-    if get_array_module(out) is not numpy:
-        raise TypeError("device arrays go through the CUDA reduce kernel, which this build does not have yet")
-    _reduce_cpu(out, inputs, UFUNCS[op])
+    if isinstance(out, numpy.ndarray):
+        _reduce_cpu(out, inputs, UFUNCS[op])
+        return
+    from kernels import _reduce_cuda
+    from kernels.numba_cuda import as_device_array
+    _reduce_cuda.reduce_into(as_device_array(out), [as_device_array(a) for a in inputs], op, stream)
 
 
 def _reduce_cpu(out, inputs, ufunc):
