@@ -2,22 +2,30 @@
 
 `parse(arg)` turns what a user may pass to an mpi4py collective into a `Buffer`: a flat numpy view
 of exactly the elements MPI would touch, plus what is needed to fall back to the wrapped
-communicator when we cannot handle it (derived datatypes, unknown type codes).
+communicator when we cannot handle it (derived datatypes, unknown type codes). Device buffers
+(collectives.device) become a flat device view instead, which the caller stages through host memory.
 """
 import numpy
 from mpi4py import MPI
 
+from collectives import device
 from collectives.errors import CollectiveError
 
 
 class Buffer:
-    """A flat, contiguous numpy view of a message (`array`), or `array is None` when only MPI can handle it."""
+    """A flat, contiguous numpy view of a message (`array`), or `array is None` when only MPI can handle it.
 
-    __slots__ = ("array", "spec")
+    For a device buffer, `device` is its flat device view and `array` is None until a host stand-in
+    is assigned.
+    """
 
-    def __init__(self, array, spec):
+    __slots__ = ("array", "spec", "device", "read_only")
+
+    def __init__(self, array, spec, device_view=None, read_only=False):
         self.array = array
         self.spec = spec  # the argument exactly as the user gave it, for the native fallback
+        self.device = device_view
+        self.read_only = read_only
 
     @property
     def nbytes(self):
@@ -37,10 +45,6 @@ def _flat_view(obj, what):
     if isinstance(obj, numpy.ndarray):
         arr = obj
     else:
-        if hasattr(obj, "__cuda_array_interface__"):
-            raise CollectiveError(
-                f"{what}: device (GPU) buffers are not supported by this build's collectives yet; "
-                "copy to host memory first")
         try:
             arr = numpy.asarray(memoryview(obj))
         except TypeError:
@@ -52,6 +56,19 @@ def _flat_view(obj, what):
             f"{what}: buffer of shape {arr.shape} with strides {arr.strides} is not contiguous; "
             "pass numpy.ascontiguousarray(buf) (and copy the result back for a receive buffer)")
     return arr.reshape(-1, order="A")
+
+
+def _device_buffer(arg, obj, datatype, count, displ, what):
+    flat = device.flat_device_view(obj, what)
+    if datatype is not None and _dtype_of(datatype) != numpy.dtype(flat.dtype):
+        raise CollectiveError(f"{what}: a device buffer of {numpy.dtype(flat.dtype)} cannot be read as "
+                              f"{datatype.Get_name()}; pass a device array of the matching dtype")
+    start = int(displ or 0)
+    stop = flat.size if count is None else start + int(count)
+    if start < 0 or stop > flat.size or (count is not None and int(count) < 0):
+        raise CollectiveError(
+            f"{what}: count {count} at displacement {start} exceeds the buffer's {flat.size} elements")
+    return Buffer(None, arg, flat[start:stop], device.is_read_only(obj))
 
 
 def parse(arg, what="buffer"):
@@ -71,6 +88,8 @@ def parse(arg, what="buffer"):
                 count, displ = cd
             else:
                 count = cd
+        if device.looks_like_device(obj):
+            return _device_buffer(arg, obj, datatype, count, displ, what)
         flat = _flat_view(obj, what)
         if datatype is not None:
             dtype = _dtype_of(datatype)
@@ -89,9 +108,11 @@ def parse(arg, what="buffer"):
         return Buffer(flat[start:stop], arg)
     if arg is None:
         return None
+    if device.looks_like_device(arg):
+        return _device_buffer(arg, arg, None, None, None, what)
     return Buffer(_flat_view(arg, what), arg)
 
 
 def writable(buf, what):
-    if not buf.array.flags.writeable:
+    if buf.read_only or (buf.array is not None and not buf.array.flags.writeable):
         raise CollectiveError(f"{what} is read-only; the result must be written into it")

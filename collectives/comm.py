@@ -13,6 +13,7 @@ from mpi4py import MPI
 from collectives import algorithms
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
+from collectives.device import PinnedPool, Staging
 from collectives.errors import CollectiveError, MismatchError
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import op_name
@@ -27,15 +28,36 @@ _NEVER_NATIVE = {numpy.dtype(numpy.float16)}
 
 
 class Call:
-    """One validated collective: flat numpy views, the user's original arguments and the op."""
+    """One validated collective: flat numpy views, the user's original arguments and the op.
 
-    __slots__ = ("kind", "send", "recv", "send_spec", "recv_spec", "op", "op_name", "root", "nbytes")
+    `staging` is set when device buffers stand behind the host views; `computed` is False when only
+    native MPI can do the work (which, staged, it does on the host views rather than the user's buffers).
+    """
 
-    def __init__(self, kind, send, recv, send_spec, recv_spec, op, name, root):
+    __slots__ = ("kind", "send", "recv", "send_spec", "recv_spec", "op", "op_name", "root", "nbytes",
+                 "staging", "computed", "in_place")
+
+    def __init__(self, kind, send, recv, send_spec, recv_spec, op, name, root, staging=None, computed=True):
         self.kind, self.send, self.recv = kind, send, recv
         self.send_spec, self.recv_spec = send_spec, recv_spec
         self.op, self.op_name, self.root = op, name, root
         self.nbytes = (send if send is not None else recv).nbytes
+        self.staging, self.computed = staging, computed
+        self.in_place = send_spec is MPI.IN_PLACE
+
+
+_NATIVE_ON_HOST = object()  # _offload's answer for device buffers whose call native MPI must make
+
+
+def _synchronize(stream):
+    """Wait for the caller's stream (anything with .synchronize(), or a raw CUDA stream handle)."""
+    if stream is None:
+        return
+    if hasattr(stream, "synchronize"):
+        stream.synchronize()
+    else:
+        from kernels.numba_cuda import cuda
+        cuda.external_stream(int(stream)).synchronize()
 
 
 class _FastPath:
@@ -98,6 +120,7 @@ class Comm(MPI.Intracomm):
         self.chunk_bytes = positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
         self.shm_chunk_bytes = positive_int("SCAFFE_SHM_CHUNK_BYTES", 4 << 20)
         self.scratch = ScratchPool()
+        self.pinned = PinnedPool()
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
@@ -161,11 +184,18 @@ class Comm(MPI.Intracomm):
         if receives:
             if recv is None:
                 raise CollectiveError(f"recvbuf is required on rank {rank}")
-            if recv.array is not None:
+            if recv.array is not None or recv.device is not None:
                 writable(recv, "recvbuf")
         send = recv if sendbuf is MPI.IN_PLACE else parse(sendbuf, "sendbuf")
         if send is None:
             raise CollectiveError("sendbuf is required (or MPI.IN_PLACE at the root)")
+        staging = None
+        if send.device is not None or (recv is not None and recv.device is not None):
+            staging = Staging(self.pinned)
+            if recv is not None and recv.device is not None:
+                recv.array = staging.host(recv.device, copy_in=send is recv, copy_out=True)
+            if send is not recv and send.device is not None:
+                send.array = staging.host(send.device, copy_in=True, copy_out=False)
         name = op_name(op)
         arrays = (send.array,) if recv is None else (send.array, recv.array)
         computed = name is not None and all(a is not None for a in arrays)
@@ -181,10 +211,10 @@ class Comm(MPI.Intracomm):
                 raise CollectiveError(f"op {name.upper()} is not defined for dtype {s.dtype}")
         if self.check:
             self._check_signature(kind, send.array if computed else None, op, root)
-        if not computed:
+        if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array,
-                    sendbuf, recvbuf, op, name, root)
+                    sendbuf, recvbuf, op, name, root, staging, computed)
 
     def _check_signature(self, kind, array, op, root):
         """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise."""
@@ -207,72 +237,123 @@ class Comm(MPI.Intracomm):
         target = parse(buf, "buffer")
         if target is None:
             raise CollectiveError("Bcast needs a buffer on every rank")
-        if target.array is not None and self.Get_rank() != root:
+        receives = self.Get_rank() != root
+        if (target.array is not None or target.device is not None) and receives:
             writable(target, "buffer")
+        staging = None
+        if target.device is not None:
+            staging = Staging(self.pinned)
+            target.array = staging.host(target.device, copy_in=not receives, copy_out=receives)
         if self.check:
             self._check_signature("bcast", target.array, MPI.OP_NULL, root)
         if target.array is None:
             return None
-        return Call("bcast", None, target.array, None, buf, None, None, root)
+        return Call("bcast", None, target.array, None, buf, None, None, root, staging)
 
-    def _offload(self, call):
-        """The work of a validated call as a zero-argument callable, or None when the wrapped MPI does it.
+    def _offload(self, call, stream=None):
+        """How a validated call runs: None when the wrapped MPI does it with the user's own arguments,
+        _NATIVE_ON_HOST when it does it on the host stand-ins of device buffers, else the algorithm's
+        work as a zero-argument callable (staged through host memory for device buffers).
 
         Honours SCAFFE_REDUCE_ALGO; an (op, dtype) pair that went native joins the latency path.
         """
         if call is None:
             return None
-        name = algorithms.select(call.kind, call.nbytes, self.forced)
+        _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
+        name = algorithms.select(call.kind, call.nbytes, self.forced) if call.computed else "native"
         dtype = (call.send if call.send is not None else call.recv).dtype
-        if name == "native" and dtype in _NEVER_NATIVE:
+        if name == "native" and call.computed and dtype in _NEVER_NATIVE:
             name = "tree"
         if name == "native":
+            if call.staging is not None:
+                return _NATIVE_ON_HOST
             if call.send is not None:
                 self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
             return None
         run = algorithms.get(name, call.kind)
-        return lambda: run(self, call)
+        work = lambda: run(self, call)  # noqa: E731
+        return work if call.staging is None else call.staging.wrap(work)
+
+    def _run(self, call, stream):
+        """Run a blocking call; False when the wrapped MPI must run it with the user's arguments."""
+        work = self._offload(call, stream)
+        if work is None:
+            return False
+        if work is _NATIVE_ON_HOST:
+            # Right away in this thread, as a host call would go native: collectives on the user's
+            # communicator must start in the same order on every rank.
+            call.staging.wrap(lambda: self._native_on_host(call, blocking=True))()
+        else:
+            self.progress.run(work)
+        return True
+
+    def _start(self, call, stream):
+        """Start a nonblocking call; None when the wrapped MPI must start it with the user's arguments."""
+        work = self._offload(call, stream)
+        if work is None:
+            return None
+        if work is not _NATIVE_ON_HOST:
+            return self.progress.submit(work)
+        # Started now, for the same ordering reason as in _run; the progress thread finishes it.
+        staging = call.staging
+        staging.copy_in()
+        request = self._native_on_host(call, blocking=False)
+
+        def finish():
+            try:
+                request.Wait()
+                staging.copy_out()
+            finally:
+                staging.release()
+
+        return self.progress.submit(finish)
+
+    def _native_on_host(self, call, blocking):
+        """The wrapped MPI's collective on the host stand-ins of device buffers; the request if not blocking.
+
+        An I* call stays an I* call: MPI never matches a blocking collective with a nonblocking one,
+        and the other ranks may have made theirs with host buffers, natively.
+        """
+        send = MPI.IN_PLACE if call.in_place else call.send
+        if call.kind == "reduce":
+            args = (send, call.recv, call.op, call.root)
+            native = MPI.Intracomm.Reduce if blocking else MPI.Intracomm.Ireduce
+        elif call.kind == "allreduce":
+            args = (send, call.recv, call.op)
+            native = MPI.Intracomm.Allreduce if blocking else MPI.Intracomm.Iallreduce
+        else:
+            args = (call.recv, call.root)
+            native = MPI.Intracomm.Bcast if blocking else MPI.Intracomm.Ibcast
+        return native(self, *args)
 
     # -- blocking collectives -----------------------------------------------------------------------
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
         fast = self._fast
         if fast is not None and fast.reduce_ok(sendbuf, recvbuf, op, root):
             return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
-        work = self._offload(self._reduction("reduce", sendbuf, recvbuf, op, root))
-        if work is None:
-            return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
-        self.progress.run(work)
+        if not self._run(self._reduction("reduce", sendbuf, recvbuf, op, root), stream):
+            MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
 
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
         fast = self._fast
         if fast is not None and fast.allowed(sendbuf, recvbuf, op, True, fast.allreduce_below):
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        work = self._offload(self._reduction("allreduce", sendbuf, recvbuf, op, 0))
-        if work is None:
-            return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        self.progress.run(work)
+        if not self._run(self._reduction("allreduce", sendbuf, recvbuf, op, 0), stream):
+            MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
 
-    def Bcast(self, buf, root=0):
-        work = self._offload(self._broadcast(buf, root))
-        if work is None:
-            return MPI.Intracomm.Bcast(self, buf, root)
-        self.progress.run(work)
+    def Bcast(self, buf, root=0, stream=None):
+        if not self._run(self._broadcast(buf, root), stream):
+            MPI.Intracomm.Bcast(self, buf, root)
 
     # -- nonblocking collectives --------------------------------------------------------------------
-    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
-        work = self._offload(self._reduction("reduce", sendbuf, recvbuf, op, root))
-        if work is None:
-            return MPI.Intracomm.Ireduce(self, sendbuf, recvbuf, op, root)
-        return self.progress.submit(work)
+    def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
+        request = self._start(self._reduction("reduce", sendbuf, recvbuf, op, root), stream)
+        return request if request is not None else MPI.Intracomm.Ireduce(self, sendbuf, recvbuf, op, root)
 
-    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        work = self._offload(self._reduction("allreduce", sendbuf, recvbuf, op, 0))
-        if work is None:
-            return MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)
-        return self.progress.submit(work)
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
+        request = self._start(self._reduction("allreduce", sendbuf, recvbuf, op, 0), stream)
+        return request if request is not None else MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)
 
-    def Ibcast(self, buf, root=0):
-        work = self._offload(self._broadcast(buf, root))
-        if work is None:
-            return MPI.Intracomm.Ibcast(self, buf, root)
-        return self.progress.submit(work)
+    def Ibcast(self, buf, root=0, stream=None):
+        request = self._start(self._broadcast(buf, root), stream)
+        return request if request is not None else MPI.Intracomm.Ibcast(self, buf, root)

@@ -131,3 +131,28 @@ def test_checked_mode_accepts_matching_calls():
     """SCAFFE_CHECK=1 must not change any result when all ranks agree."""
     run_ok(4, "space.py", "--rotate", *REDUCED, "--sizes", SIZES, "--name", "checked",
            env=env_for(2, None, SCAFFE_CHECK=1), timeout=60)
+
+
+# Device buffers (numba device arrays; the CUDA simulator without a GPU) go through host staging, with
+# the same algorithm choice as host buffers of that size, so ranks may mix device and host buffers.
+DEVICE = [
+    (4, None, None, "device", "all"),
+    (3, 2, "hierarchical", "device", "all"),
+    (4, 2, None, "mixed", WITHOUT_FLOAT16),
+    (3, None, "native", "mixed", WITHOUT_FLOAT16),
+]
+
+
+@pytest.mark.parametrize("case", DEVICE, ids=lambda c: launch_id(c) + "-" + c[3])
+def test_device_buffers(case):
+    ranks, per_node, algo, memory, dtypes = case
+    run_ok(ranks, "space.py", "--rotate", "--memory", memory, "--ops", "all", "--dtypes", dtypes,
+           "--sizes", "0," + SIZES, "--name", f"{memory}-{launch_id(case)}",
+           env=env_for(per_node, algo), timeout=90)
+
+
+@pytest.mark.parametrize("memory", ["device", "mixed"])
+def test_device_buffers_every_mode(memory):
+    """Blocking, Wait, Test and Waitall crossed with every root and in-place, device buffers on the ranks."""
+    run_ok(4, "space.py", "--memory", memory, "--ops", "sum", "--dtypes", "float64", "--sizes", "7,5003",
+           "--name", f"{memory}-crossed", env=env_for(2, None), timeout=90)

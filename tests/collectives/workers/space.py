@@ -7,6 +7,10 @@ one (root, in-place, mode) drawn from a fixed-seed generator (the same on every 
 three dimensions across the space at a fraction of the cost of crossing them.
 
     mpiexec -n 4 python space.py --ops all --dtypes all --sizes 0,1,7,1001,5003
+
+--memory device puts every buffer on the GPU (numba device arrays; numba's CUDA simulator without a
+GPU), --memory mixed a device send buffer with a host receive buffer on even ranks and the other way
+round on odd ones.
 """
 import argparse
 import itertools
@@ -25,10 +29,32 @@ def sentinel(dtype, n):
     return numpy.full(n * numpy.dtype(dtype).itemsize, SENTINEL, dtype=numpy.uint8).view(dtype)
 
 
+MEMORY = "host"
+
+
+def placed(array, role, rank):
+    """`array` where --memory puts a buffer of this role ("send" or "recv") on this rank."""
+    on_device = MEMORY == "device" or (MEMORY == "mixed" and (role == "send") == (rank % 2 == 0))
+    if not on_device or array is None or array is MPI.IN_PLACE:
+        return array
+    from kernels.numba_cuda import cuda
+    return cuda.to_device(array)
+
+
+def on_host(buf):
+    return buf if isinstance(buf, numpy.ndarray) else buf.copy_to_host()
+
+
 class Case:
     """The buffers of one collective call on this rank and what they must hold afterwards."""
 
     def __init__(self, w, kind, op, dtype, n, root, inplace, seed):
+        self._fill(w, kind, op, dtype, n, root, inplace, seed)
+        moved = {id(self.send): placed(self.send, "send", w.rank), id(self.recv): placed(self.recv, "recv", w.rank)}
+        self.send, self.recv = moved[id(self.send)], moved[id(self.recv)]
+        self.untouched = [(moved.get(id(buf), buf), content) for buf, content in self.untouched or ()]
+
+    def _fill(self, w, kind, op, dtype, n, root, inplace, seed):
         self.w, self.kind, self.op, self.root, self.inplace = w, kind, op, root, inplace
         rank, size = w.rank, w.size
         data_op = op if kind != "bcast" else "sum"
@@ -68,9 +94,9 @@ class Case:
 
     def verify(self):
         if self.expected is not None:
-            self.w.check(self.recv, self.expected, "result")
-        for buf, content in self.untouched or ():
-            self.w.check(buf, content, "buffer that must not change")
+            self.w.check(on_host(self.recv), self.expected, "result")
+        for buf, content in self.untouched:
+            self.w.check(on_host(buf), content, "buffer that must not change")
 
 
 def run(w, kind, op, dtype, n, root, inplace, mode, seed):
@@ -109,8 +135,11 @@ def main():
     parser.add_argument("--rotate", action="store_true",
                         help="draw one (root, in-place, mode) per case from a fixed-seed generator "
                              "instead of crossing them")
+    parser.add_argument("--memory", default="host", choices=["host", "device", "mixed"])
     parser.add_argument("--name", default="space")
     args = parser.parse_args()
+    global MEMORY
+    MEMORY = args.memory
 
     w = Worker()
     kinds = args.kinds.split(",")
