@@ -5,8 +5,14 @@ Timing follows the OSU Micro-Benchmarks: a barrier, then `iterations` back-to-ba
 ranks (Min, Max). `--impl both` measures the wrapped MPI and scaffe in the same run, alternating in
 rounds so that drifting machine load hits both alike, and adds their ratio. The bandwidth floor is
 numpy combining the same number of buffers on one core, what the memory system allows.
+
+`-d cuda` puts the buffers on the GPU (numba device arrays). There `--impl staged` is the naive
+baseline a non-CUDA-aware MPI leaves a user with (copy to host, MPI on host memory, copy back), `native`
+hands MPI the device pointers (only with `SCAFFE_CUDA_AWARE=1`: anything else would crash), and
+`both` compares staged with scaffe.
 """
 import argparse
+import os
 import sys
 import time
 
@@ -34,15 +40,55 @@ def parse_args(description, argv=None):
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
     p.add_argument("-d", "--device", choices=["cpu", "cuda"], default="cpu", help="buffer location")
     p.add_argument("-T", "--type", choices=sorted(DTYPES), default="float", help="element type")
-    p.add_argument("--impl", choices=["native", "scaffe", "both"], default="both")
+    p.add_argument("--impl", choices=["native", "staged", "scaffe", "both"], default="both",
+                   help="both: native (or staged, with -d cuda) and scaffe side by side")
     p.add_argument("--alloc", action="store_true", help="scaffe uses comm.alloc (shared-memory) buffers")
     p.add_argument("--floor", action="store_true", help="add the single-core numpy bandwidth floor column")
     p.add_argument("--plot", metavar="FILE.png", help="draw latency against size")
     args = p.parse_args(argv)
     args.min_size, args.max_size = parse_size_range(args.message_size)
-    if args.device == "cuda":
-        p.error("-d cuda needs the CUDA path of the collectives, which this build does not have yet")
+    if args.device == "cpu" and args.impl == "staged":
+        p.error("--impl staged is the host-staging baseline for -d cuda")
+    if args.device == "cuda" and args.impl == "native" and os.environ.get("SCAFFE_CUDA_AWARE") != "1":
+        p.error("--impl native -d cuda hands device pointers to MPI, which crashes a non-CUDA-aware MPI; "
+                "set SCAFFE_CUDA_AWARE=1 if yours is CUDA-aware, or use --impl staged")
+    if args.device == "cuda" and args.alloc:
+        p.error("--alloc gives host shared memory; it does not combine with -d cuda")
     return args
+
+
+class StagedComm:
+    """The naive way to use device buffers with a non-CUDA-aware MPI: copy to the host, call MPI, copy back."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def Get_rank(self):
+        return self.comm.Get_rank()
+
+    def Get_size(self):
+        return self.comm.Get_size()
+
+    def Reduce(self, send, recv, op=MPI.SUM, root=0):
+        host_recv = recv.copy_to_host() if recv is not None else None
+        self.comm.Reduce(send.copy_to_host(), host_recv, op=op, root=root)
+        if self.comm.Get_rank() == root:
+            recv.copy_to_device(host_recv)
+
+    def Allreduce(self, send, recv, op=MPI.SUM):
+        host_recv = recv.copy_to_host()
+        self.comm.Allreduce(send.copy_to_host(), host_recv, op=op)
+        recv.copy_to_device(host_recv)
+
+    def Bcast(self, buf, root=0):
+        host = buf.copy_to_host()
+        self.comm.Bcast(host, root=root)
+        buf.copy_to_device(host)
+
+
+def on_host(buf):
+    """A numpy view or copy of a benchmark buffer, wherever it lives."""
+    return buf if isinstance(buf, numpy.ndarray) else buf.copy_to_host()
 
 
 def sizes(args, itemsize):
@@ -111,7 +157,9 @@ def run(title, make_case, argv=None):
     rank = world.Get_rank()
     dtype, mpi_name = DTYPES[args.type]
     dtype = numpy.dtype(dtype)
-    impls = ["native", "scaffe"] if args.impl == "both" else [args.impl]
+    baseline = "staged" if args.device == "cuda" else "native"
+    impls = [baseline, "scaffe"] if args.impl == "both" else [args.impl]
+    comms = {"native": world, "staged": StagedComm(world), "scaffe": fast}
     rows = []
     if rank == 0:
         print(f"# OSU MPI{'-CUDA' if args.device == 'cuda' else ''} {title} Latency Test (scaffe perf)")
@@ -125,14 +173,14 @@ def run(title, make_case, argv=None):
         if args.full:
             header += f"{'Iterations':>12}"
         if len(impls) == 2:
-            header += f"{'Ratio(native/scaffe)':>22}"
+            header += f"{f'Ratio({baseline}/scaffe)':>22}"
         if args.floor:
             header += f"{'Floor(us)':>12}"
         print(header, flush=True)
     for size in sizes(args, dtype.itemsize):
         count = size // dtype.itemsize
         iters, warm = iterations_for(args, size)
-        cases = {impl: make_case(world if impl == "native" else fast, count, dtype, impl, args) for impl in impls}
+        cases = {impl: make_case(comms[impl], count, dtype, impl, args) for impl in impls}
         totals = {impl: 0.0 for impl in impls}
         rounds = 2 if len(impls) == 2 else 1
         for _ in range(rounds):  # alternate so slow drifts in machine load hit both implementations alike
@@ -153,7 +201,7 @@ def run(title, make_case, argv=None):
             if args.full:
                 line += f"{iters:>12d}"
             if len(impls) == 2:
-                line += f"{stats['native'][0] / stats['scaffe'][0]:>22.2f}"
+                line += f"{stats[baseline][0] / stats['scaffe'][0]:>22.2f}"
             if args.floor:
                 line += f"{floor:>12.2f}"
             print(line, flush=True)
@@ -185,7 +233,12 @@ def plot(rows, impls, title, path):
 
 
 def buffers(comm, count, dtype, impl, args, value):
-    """A send buffer filled with `value` and a receive buffer, in shared memory if --alloc."""
+    """A send buffer filled with `value` and a receive buffer: on the GPU with -d cuda, in shared memory
+    with --alloc."""
+    if args.device == "cuda":
+        from kernels.numba_cuda import cuda
+        return (cuda.to_device(numpy.full(count, value, dtype=dtype)),
+                cuda.to_device(numpy.zeros(count, dtype=dtype)))
     if impl == "scaffe" and args.alloc:
         send = comm.alloc((count,), dtype)
         recv = comm.alloc((count,), dtype)

@@ -12,8 +12,8 @@ def make_case(comm, count, dtype, impl, args):
         comm.Bcast(buf, root=0)
 
     def check():
-        if count and not numpy.all(buf == 7):
-            raise AssertionError(f"{impl} Bcast of {count} elements on rank {rank}: got {buf[:4]}...")
+        if count and not numpy.all(osu.on_host(buf) == 7):
+            raise AssertionError(f"{impl} Bcast of {count} elements on rank {rank}: got {osu.on_host(buf)[:4]}...")
 
     return call, check
 

@@ -14,8 +14,8 @@ def make_case(comm, count, dtype, impl, args):
         comm.Reduce(send, recv, op=MPI.SUM, root=0)
 
     def check():
-        if rank == 0 and count and not numpy.all(recv == expected):
-            raise AssertionError(f"{impl} Reduce of {count} elements: got {recv[:4]}..., expected {expected}")
+        if rank == 0 and count and not numpy.all(osu.on_host(recv) == expected):
+            raise AssertionError(f"{impl} Reduce of {count} elements: got {osu.on_host(recv)[:4]}..., expected {expected}")
 
     return call, check
 

@@ -1,0 +1,26 @@
+"""The OSU-style benchmarks run, validate their results (-c) and print OSU's format, on host and device
+buffers (the CUDA simulator's without a GPU: the timings there mean nothing, the results do)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpi_harness import MPIEXEC, OPEN_MPI, REPO
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("bench", ["osu_reduce", "osu_allreduce", "osu_bcast"])
+def test_benchmark_validates_and_prints_osu_format(bench, device):
+    command = [MPIEXEC, "-n", "2"] + (["--oversubscribe"] if OPEN_MPI else []) + [
+        sys.executable, "-m", f"perf.{bench}", "-d", device, "-m", "4:65536", "-i", "4", "-x", "1", "-c", "-f"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCAFFE_")}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("# OSU MPI") and lines[2].startswith("# Size")
+    baseline = "staged" if device == "cuda" else "native"
+    assert f"Ratio({baseline}/scaffe)" in lines[2] and "Min Latency(us)" in lines[2]
+    rows = [line.split() for line in lines[3:]]
+    assert [int(r[0]) for r in rows] == [4 << k for k in range(15)]
+    assert all(len(r) == 9 and float(r[-1]) > 0 for r in rows)  # size, 2 x (avg, min, max), iterations, ratio
