@@ -1,0 +1,79 @@
+"""What the collectives see and would do here: `mpiexec -n 4 python -m collectives.info`.
+
+Prints the MPI library, the node topology, each rank's host, local rank and GPU, whether the MPI
+library is CUDA-aware, and which algorithm the selection table picks for a few message sizes.
+"""
+import ctypes
+import os
+import socket
+
+from mpi4py import MPI
+
+from collectives import algorithms
+from collectives.comm import Comm
+
+
+def cuda_aware():
+    """(is the MPI library CUDA-aware, how we know). SCAFFE_CUDA_AWARE=0|1 overrides the detection."""
+    forced = os.environ.get("SCAFFE_CUDA_AWARE", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1", "SCAFFE_CUDA_AWARE"
+    try:  # MPICH 4, Open MPI 4+ and MVAPICH2-GDR export it; mpi4py loads libmpi with global symbols
+        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except (AttributeError, OSError):
+        query = None
+    if query is not None:
+        query.restype = ctypes.c_int
+        return bool(query()), "MPIX_Query_cuda_support()"
+    if os.environ.get("MV2_USE_CUDA") == "1":
+        return True, "MV2_USE_CUDA=1"
+    return False, "the library has no MPIX_Query_cuda_support"
+
+
+def gpu_count():
+    """CUDA devices numba sees (0 without a GPU; the simulator's stand-in device does not count)."""
+    try:
+        from kernels.numba_cuda import SIMULATED, cuda
+        return 0 if SIMULATED or not cuda.is_available() else len(cuda.gpus)
+    except Exception:  # no driver, broken install: no GPU for us
+        return 0
+
+
+def gpu_for(local_rank, count):
+    """The GPU a local rank drives: SCAFFE_GPU if set, else local_rank % count (None without GPUs)."""
+    if not count:
+        return None
+    chosen = os.environ.get("SCAFFE_GPU", "").strip()
+    if not chosen:
+        return local_rank % count
+    if not chosen.isdigit() or int(chosen) >= count:
+        raise ValueError(f"SCAFFE_GPU={chosen!r}: this node has GPUs 0..{count - 1}")
+    return int(chosen)
+
+
+def main():
+    comm = Comm(MPI.COMM_WORLD)
+    topology = comm.describe()
+    topo = comm.node_topology
+    count = gpu_count()
+    me = (comm.Get_rank(), socket.gethostname(), topo.local_rank, gpu_for(topo.local_rank, count), count)
+    everyone = comm.gather(me, root=0)
+    aware, why = cuda_aware()
+    if comm.Get_rank() == 0:
+        print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
+        print(f"topology: {topology}")
+        # Even a CUDA-aware library gets host memory for now: this build has no device transport yet.
+        print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({why}); device buffers are staged "
+              f"through pinned host memory")
+        for rank, host, local, gpu, gpus in everyone:
+            where = f"GPU {gpu} of {gpus}" if gpu is not None else "no GPU"
+            print(f"rank {rank}: host {host}, local rank {local}, {where}")
+        print("algorithm by message size (SCAFFE_REDUCE_ALGO overrides):")
+        for nbytes in (4, 16 << 10, 1 << 20, 64 << 20):
+            chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced)}"
+                               for kind in ("reduce", "allreduce", "bcast"))
+            print(f"  {nbytes:>10} B: {chosen}")
+
+
+if __name__ == "__main__":
+    main()
