@@ -157,7 +157,9 @@ class SharedWindows:
             return self._peer_array(k, int(self.ctrl[k, SEND_WIN]), int(self.ctrl[k, SEND_OFF]), dtype, n)
 
         def output_area():
-            target_win = int(self.ctrl[target, RECV_WIN])
+            # An empty message has no rounds, so nothing waited for the target's fields of this call:
+            # they may still hold another call's window (or the initial 0). There is nothing to read anyway.
+            target_win = int(self.ctrl[target, RECV_WIN]) if n else _NOT_SHARED
             if target_win == _NOT_SHARED:
                 return self.result[:nbytes].view(dtype)
             return self._peer_array(target, target_win, int(self.ctrl[target, RECV_OFF]), dtype, n)
