@@ -58,16 +58,21 @@ def _flat_view(obj, what):
     return arr.reshape(-1, order="A")
 
 
+def _element_range(length, count, displ, what):
+    """[start, stop) of the elements a spec's (count, displacement) selects from `length` of them."""
+    start = int(displ or 0)
+    stop = length if count is None else start + int(count)
+    if start < 0 or stop > length or (count is not None and int(count) < 0):
+        raise CollectiveError(f"{what}: count {count} at displacement {start} exceeds the buffer's {length} elements")
+    return start, stop
+
+
 def _device_buffer(arg, obj, datatype, count, displ, what):
     flat = device.flat_device_view(obj, what)
     if datatype is not None and _dtype_of(datatype) != numpy.dtype(flat.dtype):
         raise CollectiveError(f"{what}: a device buffer of {numpy.dtype(flat.dtype)} cannot be read as "
                               f"{datatype.Get_name()}; pass a device array of the matching dtype")
-    start = int(displ or 0)
-    stop = flat.size if count is None else start + int(count)
-    if start < 0 or stop > flat.size or (count is not None and int(count) < 0):
-        raise CollectiveError(
-            f"{what}: count {count} at displacement {start} exceeds the buffer's {flat.size} elements")
+    start, stop = _element_range(flat.size, count, displ, what)
     return Buffer(None, arg, flat[start:stop], device.is_read_only(obj))
 
 
@@ -100,11 +105,7 @@ def parse(arg, what="buffer"):
                 raise CollectiveError(
                     f"{what}: {raw.nbytes} bytes is not a whole number of {datatype.Get_name()} elements")
             flat = raw.view(dtype)
-        start = int(displ or 0)
-        stop = flat.shape[0] if count is None else start + int(count)
-        if start < 0 or stop > flat.shape[0] or (count is not None and int(count) < 0):
-            raise CollectiveError(
-                f"{what}: count {count} at displacement {start} exceeds the buffer's {flat.shape[0]} elements")
+        start, stop = _element_range(flat.shape[0], count, displ, what)
         return Buffer(flat[start:stop], arg)
     if arg is None:
         return None

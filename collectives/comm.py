@@ -35,7 +35,7 @@ class Call:
     """
 
     __slots__ = ("kind", "send", "recv", "send_spec", "recv_spec", "op", "op_name", "root", "nbytes",
-                 "staging", "computed", "in_place")
+                 "staging", "computed")
 
     def __init__(self, kind, send, recv, send_spec, recv_spec, op, name, root, staging=None, computed=True):
         self.kind, self.send, self.recv = kind, send, recv
@@ -43,7 +43,6 @@ class Call:
         self.op, self.op_name, self.root = op, name, root
         self.nbytes = (send if send is not None else recv).nbytes
         self.staging, self.computed = staging, computed
-        self.in_place = send_spec is MPI.IN_PLACE
 
 
 _NATIVE_ON_HOST = object()  # _offload's answer for device buffers whose call native MPI must make
@@ -184,8 +183,7 @@ class Comm(MPI.Intracomm):
         if receives:
             if recv is None:
                 raise CollectiveError(f"recvbuf is required on rank {rank}")
-            if recv.array is not None or recv.device is not None:
-                writable(recv, "recvbuf")
+            writable(recv, "recvbuf")
         send = recv if sendbuf is MPI.IN_PLACE else parse(sendbuf, "sendbuf")
         if send is None:
             raise CollectiveError("sendbuf is required (or MPI.IN_PLACE at the root)")
@@ -238,7 +236,7 @@ class Comm(MPI.Intracomm):
         if target is None:
             raise CollectiveError("Bcast needs a buffer on every rank")
         receives = self.Get_rank() != root
-        if (target.array is not None or target.device is not None) and receives:
+        if receives:
             writable(target, "buffer")
         staging = None
         if target.device is not None:
@@ -314,7 +312,7 @@ class Comm(MPI.Intracomm):
         An I* call stays an I* call: MPI never matches a blocking collective with a nonblocking one,
         and the other ranks may have made theirs with host buffers, natively.
         """
-        send = MPI.IN_PLACE if call.in_place else call.send
+        send = MPI.IN_PLACE if call.send_spec is MPI.IN_PLACE else call.send
         if call.kind == "reduce":
             args = (send, call.recv, call.op, call.root)
             native = MPI.Intracomm.Reduce if blocking else MPI.Intracomm.Ireduce

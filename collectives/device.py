@@ -19,11 +19,13 @@ from collectives.errors import CollectiveError
 _DLPACK_CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
+def _is_numba_array(obj):
+    return type(obj).__module__.startswith("numba.cuda")
+
+
 def looks_like_device(obj):
     """Cheap test that avoids importing numba.cuda for host buffers."""
-    if hasattr(obj, "__cuda_array_interface__"):
-        return True
-    if type(obj).__module__.startswith("numba.cuda"):
+    if hasattr(obj, "__cuda_array_interface__") or _is_numba_array(obj):
         return True
     dlpack_device = getattr(obj, "__dlpack_device__", None)
     if dlpack_device is not None and not isinstance(obj, numpy.ndarray):
@@ -37,8 +39,7 @@ def looks_like_device(obj):
 def flat_device_view(obj, what):
     """A 1-D numba device array over `obj`'s memory (no copy); non-contiguous data is an error."""
     from kernels.numba_cuda import as_device_array
-    if not hasattr(obj, "__cuda_array_interface__") and hasattr(obj, "__dlpack__") and \
-            not type(obj).__module__.startswith("numba.cuda"):
+    if not hasattr(obj, "__cuda_array_interface__") and not _is_numba_array(obj) and hasattr(obj, "__dlpack__"):
         obj = _from_dlpack(obj, what)
     array = as_device_array(obj)
     if not array.is_c_contiguous() and not array.is_f_contiguous():

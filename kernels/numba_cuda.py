@@ -16,20 +16,6 @@ from numba import config, cuda  # noqa: E402  (needs the alias above first)
 SIMULATED = bool(config.ENABLE_CUDASIM)
 
 
-def available():
-    """Whether numba.cuda can run kernels here: a real device, or the simulator."""
-    try:
-        return SIMULATED or cuda.is_available()
-    except Exception:  # a broken driver install is the same as no GPU for us
-        return False
-
-
-def is_device_array(obj):
-    """A numba device array (the simulator's stand-in included) or any `__cuda_array_interface__` exporter."""
-    return hasattr(obj, "__cuda_array_interface__") or (
-        SIMULATED and type(obj).__module__.startswith("numba.cuda.simulator"))
-
-
 def as_device_array(obj):
     """A numba device-array view of `obj`'s device memory, without a copy."""
     if SIMULATED and not hasattr(obj, "__cuda_array_interface__"):

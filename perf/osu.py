@@ -144,6 +144,27 @@ def bandwidth_floor(count, dtype, inputs):
     return (time.perf_counter() - start) / reps
 
 
+def output_columns(args, impls, baseline):
+    """(title, width, value(stats, iterations, floor) -> text) for each column after the size.
+
+    stats maps an implementation to its (avg, min, max) latency in microseconds.
+    """
+    columns = []
+    for impl in impls:
+        label = "" if len(impls) == 1 else f" {impl}"
+        shown = [("Avg", 0), ("Min", 1), ("Max", 2)] if args.full else [("Avg", 0)]
+        columns += [(f"{name} Latency(us){label}", 26, lambda stats, _i, _f, impl=impl, k=k: f"{stats[impl][k]:.2f}")
+                    for name, k in shown]
+    if args.full:
+        columns.append(("Iterations", 12, lambda _s, iterations, _f: f"{iterations:d}"))
+    if len(impls) == 2:
+        columns.append((f"Ratio({baseline}/scaffe)", 22,
+                        lambda stats, _i, _f: f"{stats[baseline][0] / stats['scaffe'][0]:.2f}"))
+    if args.floor:
+        columns.append(("Floor(us)", 12, lambda _s, _i, floor: f"{floor:.2f}"))
+    return columns
+
+
 def run(title, make_case, argv=None):
     """Run one benchmark. make_case(comm, count, dtype, impl, args) -> (call, check) for one size.
 
@@ -160,23 +181,12 @@ def run(title, make_case, argv=None):
     baseline = "staged" if args.device == "cuda" else "native"
     impls = [baseline, "scaffe"] if args.impl == "both" else [args.impl]
     comms = {"native": world, "staged": StagedComm(world), "scaffe": fast}
+    columns = output_columns(args, impls, baseline)
     rows = []
     if rank == 0:
         print(f"# OSU MPI{'-CUDA' if args.device == 'cuda' else ''} {title} Latency Test (scaffe perf)")
         print(f"# {world.Get_size()} ranks; topology: {topology}; datatype: {mpi_name}")
-        header = "# Size"
-        for impl in impls:
-            label = "" if len(impls) == 1 else f" {impl}"
-            header += f"{'Avg Latency(us)' + label:>26}"
-            if args.full:
-                header += f"{'Min Latency(us)' + label:>26}{'Max Latency(us)' + label:>26}"
-        if args.full:
-            header += f"{'Iterations':>12}"
-        if len(impls) == 2:
-            header += f"{f'Ratio({baseline}/scaffe)':>22}"
-        if args.floor:
-            header += f"{'Floor(us)':>12}"
-        print(header, flush=True)
+        print("# Size" + "".join(f"{title:>{width}}" for title, width, _ in columns), flush=True)
     for size in sizes(args, dtype.itemsize):
         count = size // dtype.itemsize
         iters, warm = iterations_for(args, size)
@@ -192,19 +202,8 @@ def run(title, make_case, argv=None):
         stats = {impl: across_ranks(world, totals[impl] / rounds) for impl in impls}
         floor = bandwidth_floor(count, dtype, world.Get_size()) * 1e6 if args.floor else None
         if rank == 0:
-            line = f"{size:<10d}"
-            for impl in impls:
-                avg, low, high = stats[impl]
-                line += f"{avg:>26.2f}"
-                if args.full:
-                    line += f"{low:>26.2f}{high:>26.2f}"
-            if args.full:
-                line += f"{iters:>12d}"
-            if len(impls) == 2:
-                line += f"{stats[baseline][0] / stats['scaffe'][0]:>22.2f}"
-            if args.floor:
-                line += f"{floor:>12.2f}"
-            print(line, flush=True)
+            print(f"{size:<10d}" + "".join(f"{value(stats, iters, floor):>{width}}" for _, width, value in columns),
+                  flush=True)
             rows.append((size, {impl: stats[impl][0] for impl in impls}, floor))
     if rank == 0 and args.plot:
         plot(rows, impls, title, args.plot)

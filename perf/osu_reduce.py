@@ -15,7 +15,8 @@ def make_case(comm, count, dtype, impl, args):
 
     def check():
         if rank == 0 and count and not numpy.all(osu.on_host(recv) == expected):
-            raise AssertionError(f"{impl} Reduce of {count} elements: got {osu.on_host(recv)[:4]}..., expected {expected}")
+            raise AssertionError(f"{impl} Reduce of {count} elements: got {osu.on_host(recv)[:4]}..., "
+                                 f"expected {expected}")
 
     return call, check
 
