@@ -17,52 +17,56 @@ def _shape(nbytes):
 def reduce(comm, call):
     topo, shm = comm.node_topology, comm.shm
     root = call.root
+    local_root = topo.local_rank_of[root]
     if topo.num_nodes == 1:
-        shm.reduce(call.send, call.op_name, target=topo.local_rank_of[root],
-                   dst=call.recv if topo.rank == root else None, chunk_bytes=comm.shm_chunk_bytes)
-        shm.finish()
+        shm.reduce(call.send, call.recv, call.op_name, target=local_root)
         return
     heads = topo.heads_comm(root)  # collective on first use: every rank calls it
-    target = topo.local_rank_of[root] if topo.node == topo.node_of[root] else 0
-    node_result = shm.reduce(call.send, call.op_name, target=target, chunk_bytes=comm.shm_chunk_bytes)
+    target = local_root if topo.node == topo.node_of[root] else 0
+    node_result = None
     if heads is not None:
-        parent, children = _shape(call.send.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
-        pipeline.reduce(heads, node_result, call.recv if parent is None else None, call.op_name,
+        node_result = call.recv if topo.rank == root else comm.scratch.get("node", call.nbytes, call.send.dtype)
+    shm.reduce(call.send, node_result, call.op_name, target=target)
+    if heads is not None:
+        parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
+        pipeline.reduce(heads, node_result, node_result, call.op_name,
                         parent, children, comm.chunk_elements(call.send.dtype), comm.scratch)
-    shm.finish()
 
 
 def allreduce(comm, call):
+    """Node reduce to local rank 0, an allreduce among leaders (reduce then broadcast down the same
+    tree), and a node broadcast that starts as soon as the first chunk is back from the other nodes."""
     topo, shm = comm.node_topology, comm.shm
     if topo.num_nodes == 1:
-        shm.allreduce(call.send, call.recv, call.op_name, chunk_bytes=comm.shm_chunk_bytes)
+        shm.allreduce(call.send, call.recv, call.op_name)
         return
+    shm.reduce(call.send, call.recv, call.op_name, target=0)
     leaders = topo.leaders_comm
-    shape = _shape(call.send.nbytes)
-    chunk = comm.chunk_elements(call.send.dtype)
+    produce = None
+    if leaders is not None:
+        parent, children = _shape(call.nbytes)(leaders.Get_rank(), leaders.Get_size(), 0)
+        chunk = comm.chunk_elements(call.recv.dtype)
 
-    def between_nodes(node_result):
-        parent, children = shape(leaders.Get_rank(), leaders.Get_size(), 0)
-        pipeline.reduce(leaders, node_result, node_result, call.op_name, parent, children, chunk, comm.scratch)
-        pipeline.bcast(leaders, node_result, parent, children, chunk)
-
-    shm.allreduce(call.send, call.recv, call.op_name, chunk_bytes=comm.shm_chunk_bytes,
-                  between_nodes=between_nodes, head=0)
+        def produce(arrived):
+            pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, comm.scratch)
+            pipeline.bcast(leaders, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))
+    shm.bcast(call.recv, 0, produce=produce)
 
 
 def bcast(comm, call):
     topo, shm = comm.node_topology, comm.shm
     root = call.root
     if topo.num_nodes == 1:
-        shm.bcast(call.recv, topo.local_rank_of[root], chunk_bytes=comm.chunk_bytes)
+        shm.bcast(call.recv, topo.local_rank_of[root])
         return
     heads = topo.heads_comm(root)
     source = topo.local_rank_of[root] if topo.node == topo.node_of[root] else 0
     produce = None
     if heads is not None:
-        parent, children = _shape(call.recv.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
+        parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
+        chunk = comm.chunk_elements(call.recv.dtype)
 
-        def produce(chunk, chunk_arrived):
-            pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=chunk_arrived)
+        def produce(arrived):
+            pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))
 
-    shm.bcast(call.recv, source, chunk_bytes=comm.chunk_bytes, produce=produce)
+    shm.bcast(call.recv, source, produce=produce)

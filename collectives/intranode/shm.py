@@ -1,19 +1,27 @@
-"""Intra-node reduce and broadcast of host buffers through MPI-3 shared-memory windows.
+"""Intra-node reduce, allreduce and broadcast of host buffers through MPI-3 shared memory.
 
-Layout: one small control window (counters per local rank) that never moves, and one grow-only data
-window holding an input slot per local rank plus a result area. A reduce over L local ranks:
+Data moves through rings of small cells that are reused call after call, so what one rank writes is still
+in cache when another reads it; a whole-message staging area of many MiB would make every byte travel
+through main memory twice more. The vector is cut into chunks of one cell; chunk c belongs to local rank
+c % L (L ranks on the node) and L consecutive chunks form a group. For group g:
 
-1. every rank copies its contribution into its slot, chunk by chunk, in rounds (round r = chunk r of
-   every slice), publishing a counter after each round;
-2. local rank j reduces slice j (1/L of the vector) from all L inputs with one fused K-input pass, a
-   chunk as soon as every rank has published it, so reducing overlaps the others' copying;
-3. the rank that needs the result (the target) copies the finished slices out as they are published.
+1. every rank copies its part of the other ranks' chunks into its input cells (ring slot g % DEPTH) and
+   publishes COPIED = g + 1;
+2. the owner of each chunk reduces it from all L inputs (its own straight from its private buffer) in one
+   fused pass, into a result cell or the reader's buffer, and publishes REDUCED = g + 1;
+3. the ranks that need the result (the target of a Reduce, everyone in an Allreduce) copy it out of the
+   result cells and publish DRAINED = g + 1.
+
+A cell is written again DEPTH groups later, once its readers have moved past it, so ranks run at most
+DEPTH groups apart and the three steps of neighbouring groups overlap. A broadcast streams the source's
+buffer through its result cells the same way.
 
 Inputs are combined in local-rank order, so for a fixed topology the result is bitwise reproducible.
-A rank's own input is read straight from its private buffer, never copied; buffers from `alloc` live in
-shared memory already, so their owners skip the copy-in and the target skips the copy-out.
+Buffers from `alloc` live in shared memory already: peers read such a send buffer in place (its owner
+skips the copy-in) and owners reduce straight into a Reduce target's such receive buffer (the target
+skips the copy-out).
 
-Counters hold `seq << 32 | progress` (progress counted in chunks), with `seq` counting node collectives, so a stale value from an
+Counters hold `seq << 32 | progress`, with `seq` counting node collectives, so a stale value from an
 earlier call can never satisfy a wait in a later one. Before touching shared memory a call waits until
 every local rank has finished the previous call (a lazy barrier: nobody waits at the end of a call).
 """
@@ -24,10 +32,13 @@ from collectives.intranode.wait import wait_until
 from kernels.reduce import reduce_into
 
 # Control fields per local rank.
-COPIED, REDUCED, FINISHED, SEND_WIN, SEND_OFF, RECV_WIN, RECV_OFF, READY = range(8)
+(COPIED, REDUCED, DRAINED, FINISHED,
+ SEND_WIN, SEND_OFF, RECV_WIN, RECV_OFF, SEND_LINE_OFF, RECV_LINE_OFF) = range(10)
 _FIELDS = 16  # padded to 128 bytes per rank so ranks do not share cache lines
 _SHIFT = 32
-_MIN_CAPACITY = 1 << 20
+DEPTH = 4  # groups a rank may run ahead of the slowest reader of its cells
+_RESULT_CELLS = 2 * DEPTH  # a reduce uses DEPTH of them, a broadcast streams through all
+_LINE = 64  # cell sizes are a multiple of a cache line, and cells have a line of room to shift in
 _NOT_SHARED = -1
 
 
@@ -35,10 +46,14 @@ def _address(array):
     return array.__array_interface__["data"][0]
 
 
-class SharedWindows:
-    """The control window, the data window (slots + result area) and the windows made by `alloc`."""
+def _line_offset(array):
+    return 0 if array is None else _address(array) % _LINE
 
-    def __init__(self, node_comm):
+
+class SharedWindows:
+    """The control window, each rank's input and result cells, and the windows made by `alloc`."""
+
+    def __init__(self, node_comm, cell_bytes):
         self.node_comm = node_comm
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
@@ -50,34 +65,22 @@ class SharedWindows:
         self.ctrl = numpy.frombuffer(mem, dtype=numpy.int64, count=_FIELDS * self.local_size).reshape(
             self.local_size, _FIELDS)
         self.ctrl[self.local_rank, :] = 0
-        self._data_win = None
-        self.capacity = 0
-        self.slots = []
-        self.result = None
+        self.cell_bytes = max(_LINE, cell_bytes // _LINE * _LINE)
+        self._stride = self.cell_bytes + _LINE
+        # Each rank allocates its own cells, so first touch places them near the rank that writes them.
+        # The cells are only read and written with plain loads and stores, never RMA calls, so they need
+        # no access epoch; a Lock_all here could wait on ranks that are polling shared counters.
+        inputs_bytes = DEPTH * self.local_size * self._stride  # a cell per (ring slot, owner)
+        self._cells_win = MPI.Win.Allocate_shared(inputs_bytes + _RESULT_CELLS * self._stride, 1, comm=node_comm)
+        segments = [numpy.frombuffer(self._cells_win.Shared_query(k)[0], dtype=numpy.uint8)
+                    for k in range(self.local_size)]
+        self.inputs = [seg[:inputs_bytes] for seg in segments]
+        self.results = [seg[inputs_bytes:] for seg in segments]
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         node_comm.Barrier()
 
     # -- memory -------------------------------------------------------------------------------------
-    def ensure_capacity(self, nbytes):
-        """Grow the data window to hold `nbytes` per slot. Collective over the node (same nbytes everywhere)."""
-        if nbytes <= self.capacity and self._data_win is not None:
-            return
-        capacity = max(_MIN_CAPACITY, 1 << (int(nbytes) - 1).bit_length())
-        self._wait_all(FINISHED, self.seq)  # nobody may still read the old window
-        if self._data_win is not None:
-            self._data_win.Free()
-        # Each rank allocates its own slot, so first touch places it near that rank; rank 0 adds the result area.
-        size = capacity * (2 if self.local_rank == 0 else 1)
-        # Data windows are only read and written with plain loads and stores, never RMA calls, so they
-        # need no access epoch; a Lock_all here could wait on ranks that are polling shared counters.
-        self._data_win = MPI.Win.Allocate_shared(size, 1, comm=self.node_comm)
-        segments = [numpy.frombuffer(self._data_win.Shared_query(k)[0], dtype=numpy.uint8)
-                    for k in range(self.local_size)]
-        self.slots = [seg[:capacity] for seg in segments]
-        self.result = segments[0][capacity:2 * capacity]
-        self.capacity = capacity
-
     def alloc(self, shape, dtype):
         """A numpy array in node-shared memory (collective over the node); reduces on it skip a copy."""
         dtype = numpy.dtype(dtype)
@@ -90,7 +93,7 @@ class SharedWindows:
 
     def _locate(self, array):
         """(window index, byte offset) of `array` inside one of my alloc windows, or (-1, 0)."""
-        if not self._alloc_wins:
+        if array is None or not self._alloc_wins:
             return _NOT_SHARED, 0
         start = _address(array)
         for index, (_, segments) in enumerate(self._alloc_wins):
@@ -100,29 +103,41 @@ class SharedWindows:
                 return index, start - base
         return _NOT_SHARED, 0
 
-    def _peer_array(self, rank, win_index, offset, dtype, count):
-        segment = self._alloc_wins[win_index][1][rank]
-        return segment[offset:offset + count * dtype.itemsize].view(dtype)
+    def _peer_array(self, rank, win_field, off_field, dtype, count):
+        """The alloc array local rank `rank` published in its (win_field, off_field), or None."""
+        win_index = int(self.ctrl[rank, win_field])
+        if win_index == _NOT_SHARED:
+            return None
+        offset = int(self.ctrl[rank, off_field])
+        return self._alloc_wins[win_index][1][rank][offset:offset + count * dtype.itemsize].view(dtype)
+
+    def _cell(self, ring, index, dtype, count, shift):
+        # glibc's memcpy on some x86 CPUs (AMD Zen measured: 1.6 against 25 GB/s for 128 KiB) crawls when
+        # source and destination sit at different offsets within a cache line, and numpy's buffers
+        # mostly start 16 bytes into one. So a cell starts `shift` bytes into its line: the offset of the
+        # user buffer it is copied to or from.
+        start = index * self._stride + shift
+        return ring[start:start + count * dtype.itemsize].view(dtype)
 
     # -- synchronisation ----------------------------------------------------------------------------
     def _publish(self, field, value):
         self._ctrl_win.Sync()  # make the data written before this counter visible first
         self.ctrl[self.local_rank, field] = value
 
-    def _wait_all(self, field, value):
-        column = self.ctrl[:, field]
-        wait_until(lambda: bool((column >= value).all()))
-        self._ctrl_win.Sync()
-
-    def _wait_one(self, rank, field, value):
+    def _reached(self, ranks, field, value):
         ctrl = self.ctrl
-        wait_until(lambda: ctrl[rank, field] >= value)
+        for k in ranks:
+            if ctrl[k, field] < value:
+                return False
+        return True
+
+    def _wait_all(self, ranks, field, value):
+        wait_until(lambda: self._reached(ranks, field, value))
         self._ctrl_win.Sync()
 
-    def begin(self, nbytes):
-        """Start a node collective: grow memory if needed and wait until the previous one is fully done."""
-        self.ensure_capacity(nbytes)
-        self._wait_all(FINISHED, self.seq)
+    def begin(self):
+        """Start a node collective: wait until every local rank is done with the previous one."""
+        self._wait_all(range(self.local_size), FINISHED, self.seq)
         self.seq += 1
         return self.seq << _SHIFT
 
@@ -130,163 +145,198 @@ class SharedWindows:
         self._publish(FINISHED, self.seq)
 
     # -- reduce -------------------------------------------------------------------------------------
-    def reduce(self, src, op, target, dst=None, chunk_bytes=1 << 20, everyone_reads=False):
-        """Reduce every local rank's `src` (same length and dtype) over the node.
+    def reduce(self, src, dst, op, target):
+        """Reduce every local rank's `src` (same length and dtype) into `dst` on local rank `target`.
 
-        target: local rank that needs the result. On the target, `dst` (if given) receives it;
-        otherwise, or with `everyone_reads`, the result stays in the result area and the returned
-        view of it is valid until `finish()`. With `everyone_reads` every rank returns at once with
-        (view, piece, rounds, base) and must wait for each slice before reading it (see `allreduce`).
+        `dst` may be `src` (in place) and is ignored on the other ranks.
         """
+        self._reduce(src, dst if self.local_rank == target else None, op, readers=[target])
+
+    def allreduce(self, src, dst, op):
+        """Reduce every local rank's `src` into every local rank's `dst` (which may be `src`)."""
+        self._reduce(src, dst, op, readers=list(range(self.local_size)))
+
+    def _reduce(self, src, dst, op, readers):
+        base = self.begin()
+        me, size = self.local_rank, self.local_size
         dtype, n = src.dtype, src.shape[0]
-        nbytes = n * dtype.itemsize
-        base = self.begin(nbytes)
-        me, size = self.local_rank, self.local_size
-        send_win, send_off = self._locate(src)
-        recv_win, recv_off = (self._locate(dst) if (me == target and dst is not None) else (_NOT_SHARED, 0))
-        # Published with the first COPIED counter: a peer reads these only after waiting on that.
-        ctrl = self.ctrl[me]
-        ctrl[SEND_WIN], ctrl[SEND_OFF] = send_win, send_off
-        ctrl[RECV_WIN], ctrl[RECV_OFF] = recv_win, recv_off
+        per_cell = self.cell_bytes // dtype.itemsize
+        chunks = -(-n // per_cell)
+        groups = -(-chunks // size)
+        peers = [k for k in range(size) if k != me]
+        other_readers = [k for k in readers if k != me]
+        only_reader = readers == [me]
+        mine = self.ctrl[me]
+        send_win, mine[SEND_OFF] = self._locate(src)
+        mine[SEND_WIN] = send_win
+        mine[RECV_WIN], mine[RECV_OFF] = self._locate(dst) if only_reader else (_NOT_SHARED, 0)
+        mine[SEND_LINE_OFF], mine[RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
+        # Those fields travel with my first COPIED counter: peers read them only after waiting on it.
+        in_place_inputs = {}  # peer -> its send buffer in shared memory, read in place
+        direct = None  # the Reduce target's receive buffer when it lives in shared memory
 
-        def peer_input(k):
+        def result_shift(j):
+            # Result cells line up with the buffer they are copied to: the target's, or in an
+            # allreduce the owner's own (numpy buffers of all ranks are usually aligned alike).
+            return int(self.ctrl[readers[0] if len(readers) == 1 else j, RECV_LINE_OFF])
+
+        def bounds(g, j):
+            lo = (g * size + j) * per_cell
+            return lo, min(n, lo + per_cell)
+
+        def look_at_peers():
+            nonlocal direct
+            for k in peers:
+                shared = self._peer_array(k, SEND_WIN, SEND_OFF, dtype, n)
+                if shared is not None:
+                    in_place_inputs[k] = shared
+            if len(readers) == 1:
+                direct = self._peer_array(readers[0], RECV_WIN, RECV_OFF, dtype, n)
+
+        def input_of(k, g, lo, hi):
             if k == me:
-                return src
-            if self.ctrl[k, SEND_WIN] == _NOT_SHARED:
-                return self.slots[k][:nbytes].view(dtype)
-            return self._peer_array(k, int(self.ctrl[k, SEND_WIN]), int(self.ctrl[k, SEND_OFF]), dtype, n)
+                return src[lo:hi]
+            if k in in_place_inputs:
+                return in_place_inputs[k][lo:hi]
+            return self._cell(self.inputs[k], (g % DEPTH) * size + me, dtype, hi - lo,
+                              int(self.ctrl[k, SEND_LINE_OFF]))
 
-        def output_area():
-            # An empty message has no rounds, so nothing waited for the target's fields of this call:
-            # they may still hold another call's window (or the initial 0). There is nothing to read anyway.
-            target_win = int(self.ctrl[target, RECV_WIN]) if n else _NOT_SHARED
-            if target_win == _NOT_SHARED:
-                return self.result[:nbytes].view(dtype)
-            return self._peer_array(target, target_win, int(self.ctrl[target, RECV_OFF]), dtype, n)
+        def copy_ready(g):
+            return g < DEPTH or self._reached(peers, REDUCED, base | (g - DEPTH + 1))
 
-        bounds = [n * j // size for j in range(size + 1)]
-        chunk = max(1, chunk_bytes // dtype.itemsize)
-        rounds = max([-(-(bounds[j + 1] - bounds[j]) // chunk) for j in range(size)] + [0])
+        def copy_in(g):
+            ring, shift = self.inputs[me], int(mine[SEND_LINE_OFF])
+            for j in peers:
+                lo, hi = bounds(g, j)
+                if lo < hi:
+                    self._cell(ring, (g % DEPTH) * size + j, dtype, hi - lo, shift)[:] = src[lo:hi]
+            self._publish(COPIED, base | (g + 1))
 
-        def piece(j, r):
-            lo = bounds[j] + r * chunk
-            return slice(min(lo, bounds[j + 1]), min(lo + chunk, bounds[j + 1]))
+        def reduce_ready(g):
+            if not self._reached(peers, COPIED, base | (g + 1)):
+                return False
+            return direct is not None or g < DEPTH or self._reached(other_readers, DRAINED, base | (g - DEPTH + 1))
 
-        # The target writes its own slice straight into a private dst; the rest goes through shared memory.
-        private_dst = me == target and dst is not None and recv_win == _NOT_SHARED and not everyone_reads
-        slot = self.slots[me][:nbytes].view(dtype)
-        reduced = 0
-        inputs = my_out = None
+        def reduce_mine(g):
+            if g == 0:
+                look_at_peers()
+            lo, hi = bounds(g, me)
+            if lo < hi:
+                inputs = [input_of(k, g, lo, hi) for k in range(size)]
+                if only_reader:
+                    reduce_into(dst[lo:hi], inputs, op)
+                elif direct is not None:
+                    reduce_into(direct[lo:hi], inputs, op)
+                else:
+                    cell = self._cell(self.results[me], g % DEPTH, dtype, hi - lo, result_shift(me))
+                    reduce_into(cell, inputs, op)
+                    if dst is not None:
+                        dst[lo:hi] = cell
+            self._publish(REDUCED, base | (g + 1))
 
-        def reduce_ready(block):
-            nonlocal reduced, inputs, my_out
-            while reduced < rounds:
-                need = base | (reduced + 1)
-                if not block and not bool((self.ctrl[:, COPIED] >= need).all()):
-                    return
-                self._wait_all(COPIED, need)
-                if inputs is None:
-                    inputs = [peer_input(k) for k in range(size)]
-                    my_out = dst if private_dst else output_area()
-                s = piece(me, reduced)
-                reduce_into(my_out[s], [a[s] for a in inputs], op)
-                reduced += 1
-                self._publish(REDUCED, base | reduced)
+        def drain_ready(g):
+            return self._reached(peers, REDUCED, base | (g + 1))
 
-        if send_win != _NOT_SHARED:
-            self._publish(COPIED, base | rounds)
-        for r in range(rounds if send_win == _NOT_SHARED else 0):
-            for j in range(size):
-                if j != me:
-                    s = piece(j, r)
-                    slot[s] = src[s]
-            self._publish(COPIED, base | (r + 1))
-            reduce_ready(block=False)
-        reduce_ready(block=True)
-        if rounds == 0:  # an empty message: still say "done" for this call, or waiters never return
-            self._publish(REDUCED, base)
+        def drain(g):
+            for j in peers:
+                lo, hi = bounds(g, j)
+                if lo < hi:
+                    dst[lo:hi] = self._cell(self.results[j], g % DEPTH, dtype, hi - lo, result_shift(j))
+            self._publish(DRAINED, base | (g + 1))
 
-        if everyone_reads:
-            return output_area(), piece, rounds, base
-        output = output_area()
-        if private_dst:
-            self._copy_reduced(output, dst, [j for j in range(size) if j != me], piece, rounds, base)
-        elif me == target or send_win != _NOT_SHARED:
-            # The target returns the node result; owners of alloc buffers must not reuse them early.
-            self._wait_all(REDUCED, base | rounds)
-        return output
-
-    def _copy_reduced(self, output, dst, owners, piece, rounds, base):
-        """Copy each owner's reduced slice from `output` to `dst`, a chunk as soon as it is published."""
-        for j in owners:
-            for r in range(rounds):
-                self._wait_one(j, REDUCED, base | (r + 1))
-                s = piece(j, r)
-                dst[s] = output[s]
-
-    def allreduce(self, src, dst, op, chunk_bytes=1 << 20, between_nodes=None, head=0):
-        """Reduce over the node, optionally combine across nodes on the head, and give everyone the result.
-
-        between_nodes(result_view) runs on the head only, after the node reduce, and must leave the
-        global result in result_view; the other ranks wait for it.
-        """
-        output, piece, rounds, base = self.reduce(src, op, target=head, chunk_bytes=chunk_bytes,
-                                                  everyone_reads=True)
-        me, size = self.local_rank, self.local_size
-        if between_nodes is None:
-            # Start with my own slice: it is ready first.
-            self._copy_reduced(output, dst, [(me + k) % size for k in range(size)], piece, rounds, base)
+        copied = groups
+        if send_win == _NOT_SHARED:
+            copied = 0
         else:
-            if me == head:
-                self._wait_all(REDUCED, base | rounds)
-                between_nodes(output)
-                self._publish(READY, base | 1)
+            self._publish(COPIED, base | groups)  # everything is readable in place already
+        reduced = 0
+        # A Reduce target whose buffer is shared is written by the owners; nothing to copy out.
+        drained = 0 if dst is not None and mine[RECV_WIN] == _NOT_SHARED else groups
+
+        def step():
+            """Do one piece of work that is ready, draining first so that cells free up soonest."""
+            nonlocal copied, reduced, drained
+            if drained < groups and drain_ready(drained):
+                self._ctrl_win.Sync()
+                drain(drained)
+                drained += 1
+            elif reduced < groups and reduce_ready(reduced):
+                self._ctrl_win.Sync()
+                reduce_mine(reduced)
+                reduced += 1
+            elif copied < groups and copy_ready(copied):
+                copy_in(copied)
+                copied += 1
             else:
-                self._wait_one(head, READY, base | 1)
-            dst[:] = output
+                return False
+            return True
+
+        def anything_ready():
+            return ((drained < groups and drain_ready(drained))
+                    or (reduced < groups and reduce_ready(reduced))
+                    or (copied < groups and copy_ready(copied)))
+
+        while copied < groups or reduced < groups or drained < groups:
+            if not step():
+                wait_until(anything_ready)
+        if send_win != _NOT_SHARED or (dst is not None and mine[RECV_WIN] != _NOT_SHARED):
+            # Peers read my send buffer or write my receive buffer in place: done only when they are.
+            self._wait_all(peers, REDUCED, base | groups)
         self.finish()
 
     # -- broadcast ----------------------------------------------------------------------------------
-    def bcast(self, buf, source, chunk_bytes=1 << 20, produce=None):
-        """Copy `buf` of local rank `source` into every local rank's `buf`, chunk by chunk.
+    def bcast(self, buf, source, produce=None):
+        """Copy `buf` of local rank `source` into every local rank's `buf`, a cell at a time.
 
-        On the source, `produce(chunk, chunk_arrived)` may stand in for the plain chunk loop: it must
-        fill `buf` in order, `chunk` elements at a time, calling chunk_arrived(chunks_done) after each
-        (the inter-node stage does this as chunks come off the wire, so local copies start early).
+        On the source, `produce(arrived)` may stand in for a ready buffer: it must fill `buf` from the
+        front, calling arrived(count) whenever the first `count` elements are in (the inter-node stage does
+        this as chunks come off the wire, so the local copies start early).
         """
+        base = self.begin()
+        me, size = self.local_rank, self.local_size
         dtype, n = buf.dtype, buf.shape[0]
-        base = self.begin(n * dtype.itemsize)
-        area = self.result[:n * dtype.itemsize].view(dtype)
-        chunk = max(1, chunk_bytes // dtype.itemsize)
-        chunks = -(-n // chunk)
-        if self.local_rank == source:
-            def chunk_arrived(done):
-                s = slice((done - 1) * chunk, done * chunk)
-                area[s] = buf[s]
-                self._publish(READY, base | done)
+        per_cell = self.cell_bytes // dtype.itemsize
+        chunks = -(-n // per_cell)
+        ring = self.results[source]
+        cells = _RESULT_CELLS
+        readers = [k for k in range(size) if k != source]
+        if me == source:
+            shift = _line_offset(buf)
+            self.ctrl[me, SEND_LINE_OFF] = shift  # travels with the first COPIED counter
+            sent = 0
 
-            if produce is not None:
-                produce(chunk, chunk_arrived)
+            def arrived(count):
+                nonlocal sent
+                while sent < chunks and min(n, (sent + 1) * per_cell) <= count:
+                    if sent >= cells:
+                        self._wait_all(readers, DRAINED, base | (sent - cells + 1))
+                    lo, hi = sent * per_cell, min(n, (sent + 1) * per_cell)
+                    self._cell(ring, sent % cells, dtype, hi - lo, shift)[:] = buf[lo:hi]
+                    sent += 1
+                    self._publish(COPIED, base | sent)
+
+            if produce is None:
+                arrived(n)
             else:
-                for c in range(chunks):
-                    chunk_arrived(c + 1)
-            self._publish(READY, base | chunks)
+                produce(arrived)
+                arrived(n)
         else:
             done = 0
             while done < chunks:
-                self._wait_one(source, READY, base | (done + 1))
-                available = int(self.ctrl[source, READY]) - base
-                s = slice(done * chunk, available * chunk)
-                buf[s] = area[s]
-                done = available
+                self._wait_all([source], COPIED, base | (done + 1))
+                shift = int(self.ctrl[source, SEND_LINE_OFF])
+                available = int(self.ctrl[source, COPIED]) - base
+                while done < available:
+                    lo, hi = done * per_cell, min(n, (done + 1) * per_cell)
+                    buf[lo:hi] = self._cell(ring, done % cells, dtype, hi - lo, shift)
+                    done += 1
+                self._publish(DRAINED, base | done)
         self.finish()
 
     def free(self):
         for win, _ in self._alloc_wins:
             win.Free()
         self._alloc_wins = []
-        if self._data_win is not None:
-            self._data_win.Free()
-            self._data_win = None
+        self._cells_win.Free()
         self._ctrl_win.Unlock_all()
         self._ctrl_win.Free()
