@@ -169,11 +169,16 @@ class SharedWindows:
         mine = self.ctrl[me]
         send_win, mine[SEND_OFF] = self._locate(src)
         mine[SEND_WIN] = send_win
-        mine[RECV_WIN], mine[RECV_OFF] = self._locate(dst) if only_reader else (_NOT_SHARED, 0)
+        mine[RECV_WIN], mine[RECV_OFF] = self._locate(dst)
         mine[SEND_LINE_OFF], mine[RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
         # Those fields travel with my first COPIED counter: peers read them only after waiting on it.
         in_place_inputs = {}  # peer -> its send buffer in shared memory, read in place
-        direct = None  # the Reduce target's receive buffer when it lives in shared memory
+        # The other readers' receive buffers, when all readers' live in shared memory: owners then
+        # write results there themselves and no result cell is used. Known once peers' fields are.
+        direct = None
+        looked = False
+        # The owners write my receive buffer: a Reduce target's in shared memory, or (once known) all.
+        written_for_me = only_reader and mine[RECV_WIN] != _NOT_SHARED
 
         def result_shift(j):
             # Result cells line up with the buffer they are copied to: the target's, or in an
@@ -185,13 +190,17 @@ class SharedWindows:
             return lo, min(n, lo + per_cell)
 
         def look_at_peers():
-            nonlocal direct
+            """Read the peers' fields; call once every peer has published a counter of this call."""
+            nonlocal direct, looked, written_for_me
+            looked = True
             for k in peers:
                 shared = self._peer_array(k, SEND_WIN, SEND_OFF, dtype, n)
                 if shared is not None:
                     in_place_inputs[k] = shared
-            if len(readers) == 1:
-                direct = self._peer_array(readers[0], RECV_WIN, RECV_OFF, dtype, n)
+            areas = {k: self._peer_array(k, RECV_WIN, RECV_OFF, dtype, n) for k in other_readers}
+            if areas and all(a is not None for a in areas.values()) and (dst is None or mine[RECV_WIN] != _NOT_SHARED):
+                direct = areas
+                written_for_me = written_for_me or dst is not None
 
         def input_of(k, g, lo, hi):
             if k == me:
@@ -218,20 +227,22 @@ class SharedWindows:
             return direct is not None or g < DEPTH or self._reached(other_readers, DRAINED, base | (g - DEPTH + 1))
 
         def reduce_mine(g):
-            if g == 0:
+            if not looked:
                 look_at_peers()
             lo, hi = bounds(g, me)
             if lo < hi:
                 inputs = [input_of(k, g, lo, hi) for k in range(size)]
-                if only_reader:
-                    reduce_into(dst[lo:hi], inputs, op)
-                elif direct is not None:
-                    reduce_into(direct[lo:hi], inputs, op)
-                else:
+                if direct is None and not only_reader:
                     cell = self._cell(self.results[me], g % DEPTH, dtype, hi - lo, result_shift(me))
                     reduce_into(cell, inputs, op)
                     if dst is not None:
                         dst[lo:hi] = cell
+                else:
+                    areas = [direct[k][lo:hi] for k in other_readers] if direct is not None else []
+                    out = dst[lo:hi] if dst is not None else areas.pop(0)
+                    reduce_into(out, inputs, op)
+                    for area in areas:
+                        area[:] = out
             self._publish(REDUCED, base | (g + 1))
 
         def drain_ready(g):
@@ -250,16 +261,20 @@ class SharedWindows:
         else:
             self._publish(COPIED, base | groups)  # everything is readable in place already
         reduced = 0
-        # A Reduce target whose buffer is shared is written by the owners; nothing to copy out.
-        drained = 0 if dst is not None and mine[RECV_WIN] == _NOT_SHARED else groups
+        drained = 0 if dst is not None and not written_for_me else groups
 
         def step():
             """Do one piece of work that is ready, draining first so that cells free up soonest."""
             nonlocal copied, reduced, drained
             if drained < groups and drain_ready(drained):
                 self._ctrl_win.Sync()
-                drain(drained)
-                drained += 1
+                if not looked:
+                    look_at_peers()
+                if written_for_me:
+                    drained = groups
+                else:
+                    drain(drained)
+                    drained += 1
             elif reduced < groups and reduce_ready(reduced):
                 self._ctrl_win.Sync()
                 reduce_mine(reduced)
@@ -279,7 +294,7 @@ class SharedWindows:
         while copied < groups or reduced < groups or drained < groups:
             if not step():
                 wait_until(anything_ready)
-        if send_win != _NOT_SHARED or (dst is not None and mine[RECV_WIN] != _NOT_SHARED):
+        if send_win != _NOT_SHARED or written_for_me:
             # Peers read my send buffer or write my receive buffer in place: done only when they are.
             self._wait_all(peers, REDUCED, base | groups)
         self.finish()
