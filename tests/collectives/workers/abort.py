@@ -40,8 +40,8 @@ def main():
 
             def broken(*args, **kwargs):
                 raise RuntimeError("deliberate failure on rank 1 (progress thread)")
-            # Every rank of every algorithm but native reaches one of these two in a reduce.
-            shm.reduce_into = pipeline.chunk_slices = broken
+            # Every rank of every algorithm but native reaches one of these in a reduce.
+            shm.SharedWindows.begin = pipeline.chunk_slices = broken
             comm.Iallreduce(send, recv, op=MPI.SUM).Wait()
     elif where == "progress":
         comm.Iallreduce(send, recv, op=MPI.SUM).Wait()
