@@ -14,7 +14,9 @@ c % L (L ranks on the node) and L consecutive chunks form a group. For group g:
 
 A cell is written again DEPTH groups later, once its readers have moved past it, so ranks run at most
 DEPTH groups apart and the three steps of neighbouring groups overlap. A broadcast streams the source's
-buffer through its result cells the same way.
+buffer through its result cells the same way. Two variants do less work in all: a two-rank Reduce
+whose other rank copies its input in lets the target combine every chunk itself (no step 3), and an
+Allreduce whose receive buffers all live in shared memory has the owners write every rank's buffer.
 
 Inputs are combined in local-rank order, so for a fixed topology the result is bitwise reproducible.
 Buffers from `alloc` live in shared memory already: peers read such a send buffer in place (its owner
