@@ -159,166 +159,7 @@ class SharedWindows:
         self._reduce(src, dst, op, readers=list(range(self.local_size)))
 
     def _reduce(self, src, dst, op, readers):
-        base = self.begin()
-        me, size = self.local_rank, self.local_size
-        dtype, n = src.dtype, src.shape[0]
-        per_cell = self.cell_bytes // dtype.itemsize
-        chunks = -(-n // per_cell)
-        groups = -(-chunks // size)
-        peers = [k for k in range(size) if k != me]
-        other_readers = [k for k in readers if k != me]
-        only_reader = readers == [me]
-        mine = self.ctrl[me]
-        send_win, mine[SEND_OFF] = self._locate(src)
-        mine[SEND_WIN] = send_win
-        mine[RECV_WIN], mine[RECV_OFF] = self._locate(dst)
-        mine[SEND_LINE_OFF], mine[RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
-        self._publish(COPIED, base)  # my fields are readable: peers read them only after this
-        # A two-rank Reduce whose other rank must copy its input in anyway does least work when the
-        # target combines every chunk itself: nothing is copied out and the copy-in overlaps the
-        # reduce (2-rank OSU Reduce 8.7-12x native against 5.5-8.9x splitting the work). With the
-        # input in shared memory, splitting wins (12-19x against 7-14x): nothing was copied in.
-        gather = False
-        if len(readers) == 1 and size == 2:
-            if only_reader:
-                self._wait_all(peers, COPIED, base)
-                gather = int(self.ctrl[peers[0], SEND_WIN]) == _NOT_SHARED
-            else:
-                gather = send_win == _NOT_SHARED
-        in_place_inputs = {}  # peer -> its send buffer in shared memory, read in place
-        # The other readers' receive buffers, when all readers' live in shared memory: owners then
-        # write results there themselves and no result cell is used. Known once peers' fields are.
-        direct = None
-        looked = False
-        # The owners write my receive buffer: a Reduce target's in shared memory, or (once known) all.
-        written_for_me = only_reader and mine[RECV_WIN] != _NOT_SHARED
-
-        def result_shift(j):
-            # Result cells line up with the buffer they are copied to: the target's, or in an
-            # allreduce the owner's own (numpy buffers of all ranks are usually aligned alike).
-            return int(self.ctrl[readers[0] if len(readers) == 1 else j, RECV_LINE_OFF])
-
-        def pieces(g):
-            """(owner, lo, hi, input cell) of each piece of group g that is not empty."""
-            if gather:
-                lo = g * size * per_cell  # the group is one piece: its cells side by side
-                return [(readers[0], lo, min(n, lo + size * per_cell), (g % DEPTH) * size)]
-            found = []
-            for j in range(size):
-                lo = (g * size + j) * per_cell
-                if lo < n:
-                    found.append((j, lo, min(n, lo + per_cell), (g % DEPTH) * size + j))
-            return found
-
-        def look_at_peers():
-            """Read the peers' fields; call once every peer has published a counter of this call."""
-            nonlocal direct, looked, written_for_me
-            looked = True
-            for k in peers:
-                shared = self._peer_array(k, SEND_WIN, SEND_OFF, dtype, n)
-                if shared is not None:
-                    in_place_inputs[k] = shared
-            areas = {k: self._peer_array(k, RECV_WIN, RECV_OFF, dtype, n) for k in other_readers}
-            if areas and all(a is not None for a in areas.values()) and (dst is None or mine[RECV_WIN] != _NOT_SHARED):
-                direct = areas
-                written_for_me = written_for_me or dst is not None
-
-        def input_of(k, lo, hi, cell):
-            if k == me:
-                return src[lo:hi]
-            if k in in_place_inputs:
-                return in_place_inputs[k][lo:hi]
-            return self._cell(self.inputs[k], cell, dtype, hi - lo, int(self.ctrl[k, SEND_LINE_OFF]))
-
-        def copy_ready(g):
-            return g < DEPTH or self._reached(peers, REDUCED, base | (g - DEPTH + 1))
-
-        def copy_in(g):
-            ring, shift = self.inputs[me], int(mine[SEND_LINE_OFF])
-            for j, lo, hi, cell in pieces(g):
-                if j != me:
-                    self._cell(ring, cell, dtype, hi - lo, shift)[:] = src[lo:hi]
-            self._publish(COPIED, base | (g + 1))
-
-        def reduce_ready(g):
-            if not self._reached(peers, COPIED, base | (g + 1)):
-                return False
-            return direct is not None or g < DEPTH or self._reached(other_readers, DRAINED, base | (g - DEPTH + 1))
-
-        def reduce_mine(g):
-            if not looked:
-                look_at_peers()
-            for j, lo, hi, cell in pieces(g):
-                if j != me:
-                    continue
-                inputs = [input_of(k, lo, hi, cell) for k in range(size)]
-                if direct is None and not only_reader:
-                    result = self._cell(self.results[me], g % DEPTH, dtype, hi - lo, result_shift(me))
-                    reduce_into(result, inputs, op)
-                    if dst is not None:
-                        dst[lo:hi] = result
-                else:
-                    areas = [direct[k][lo:hi] for k in other_readers] if direct is not None else []
-                    out = dst[lo:hi] if dst is not None else areas.pop(0)
-                    reduce_into(out, inputs, op)
-                    for area in areas:
-                        area[:] = out
-            self._publish(REDUCED, base | (g + 1))
-
-        def drain_ready(g):
-            return self._reached(peers, REDUCED, base | (g + 1))
-
-        def drain(g):
-            for j, lo, hi, _ in pieces(g):
-                if j != me:
-                    dst[lo:hi] = self._cell(self.results[j], g % DEPTH, dtype, hi - lo, result_shift(j))
-            self._publish(DRAINED, base | (g + 1))
-
-        copied = groups
-        if send_win == _NOT_SHARED:
-            copied = 0
-        else:
-            self._publish(COPIED, base | groups)  # everything is readable in place already
-        reduced = 0
-        if gather and not only_reader:
-            reduced = groups  # the target reduces everything
-            self._publish(REDUCED, base | groups)
-        drained = 0 if dst is not None and not written_for_me and not gather else groups
-
-        def step():
-            """Do one piece of work that is ready, draining first so that cells free up soonest."""
-            nonlocal copied, reduced, drained
-            if drained < groups and drain_ready(drained):
-                self._ctrl_win.Sync()
-                if not looked:
-                    look_at_peers()
-                if written_for_me:
-                    drained = groups
-                else:
-                    drain(drained)
-                    drained += 1
-            elif reduced < groups and reduce_ready(reduced):
-                self._ctrl_win.Sync()
-                reduce_mine(reduced)
-                reduced += 1
-            elif copied < groups and copy_ready(copied):
-                copy_in(copied)
-                copied += 1
-            else:
-                return False
-            return True
-
-        def anything_ready():
-            return ((drained < groups and drain_ready(drained))
-                    or (reduced < groups and reduce_ready(reduced))
-                    or (copied < groups and copy_ready(copied)))
-
-        while copied < groups or reduced < groups or drained < groups:
-            if not step():
-                wait_until(anything_ready)
-        if send_win != _NOT_SHARED or written_for_me:
-            # Peers read my send buffer or write my receive buffer in place: done only when they are.
-            self._wait_all(peers, REDUCED, base | groups)
+        _Reduction(self, src, dst, op, readers).run()
         self.finish()
 
     # -- broadcast ----------------------------------------------------------------------------------
@@ -377,3 +218,186 @@ class SharedWindows:
         self._cells_win.Free()
         self._ctrl_win.Unlock_all()
         self._ctrl_win.Free()
+
+
+class _Reduction:
+    """One node reduce on one rank: which pieces it copies in, reduces and copies out, and in what order."""
+
+    def __init__(self, windows, src, dst, op, readers):
+        w = self.w = windows
+        self.base = w.begin()
+        self.src, self.dst, self.op, self.readers = src, dst, op, readers
+        me, size = self.me, self.size = w.local_rank, w.local_size
+        self.dtype, self.n = src.dtype, src.shape[0]
+        self.per_cell = w.cell_bytes // self.dtype.itemsize
+        self.chunks = -(-self.n // self.per_cell)
+        self.peers = [k for k in range(size) if k != me]
+        self.other_readers = [k for k in readers if k != me]
+        self.only_reader = readers == [me]
+        mine = self.mine = w.ctrl[me]
+        self.send_win, mine[SEND_OFF] = w._locate(src)
+        mine[SEND_WIN] = self.send_win
+        mine[RECV_WIN], mine[RECV_OFF] = w._locate(dst)
+        mine[SEND_LINE_OFF], mine[RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
+        w._publish(COPIED, self.base)  # my fields are readable: peers read them only after this
+        # A two-rank Reduce whose other rank must copy its input in anyway does least work when the
+        # target combines every chunk itself: nothing is copied out and the copy-in overlaps the
+        # reduce (2-rank OSU Reduce 8.7-12x native against 5.5-8.9x splitting the work). With the
+        # input in shared memory, splitting wins (12-19x against 7-14x): nothing was copied in.
+        self.gather = False
+        if len(readers) == 1 and size == 2:
+            if self.only_reader:
+                w._wait_all(self.peers, COPIED, self.base)
+                self.gather = int(w.ctrl[self.peers[0], SEND_WIN]) == _NOT_SHARED
+            else:
+                self.gather = self.send_win == _NOT_SHARED
+        self.groups = -(-self.chunks // size)
+        self.in_place_inputs = {}  # peer -> its send buffer in shared memory, read in place
+        # The other readers' receive buffers, when all readers' live in shared memory: owners then
+        # write results there themselves and no result cell is used. Known once peers' fields are.
+        self.direct = None
+        self.looked = False
+        # The owners write my receive buffer: a Reduce target's in shared memory, or (once known) all.
+        self.written_for_me = self.only_reader and mine[RECV_WIN] != _NOT_SHARED
+        groups = self.groups
+        self.copied = groups
+        if self.send_win == _NOT_SHARED:
+            self.copied = 0
+        else:
+            w._publish(COPIED, self.base | groups)  # everything is readable in place already
+        self.reduced = 0
+        if self.gather and not self.only_reader:
+            self.reduced = groups  # the target reduces everything
+            w._publish(REDUCED, self.base | groups)
+        self.drained = 0 if dst is not None and not self.written_for_me and not self.gather else groups
+
+    # -- layout -------------------------------------------------------------------------------------
+    def pieces(self, g):
+        """(owner, lo, hi, input cell) of each piece of group g that is not empty."""
+        size, per_cell, n = self.size, self.per_cell, self.n
+        if self.gather:
+            lo = g * size * per_cell  # the group is one piece: its cells side by side
+            return [(self.readers[0], lo, min(n, lo + size * per_cell), (g % DEPTH) * size)]
+        found = []
+        for j in range(size):
+            lo = (g * size + j) * per_cell
+            if lo < n:
+                found.append((j, lo, min(n, lo + per_cell), (g % DEPTH) * size + j))
+        return found
+
+    def result_shift(self, j):
+        # Result cells line up with the buffer they are copied to: the target's, or in an
+        # allreduce the owner's own (numpy buffers of all ranks are usually aligned alike).
+        readers = self.readers
+        return int(self.w.ctrl[readers[0] if len(readers) == 1 else j, RECV_LINE_OFF])
+
+    def look_at_peers(self):
+        """Read the peers' fields; call once every peer has published a counter of this call."""
+        w, dtype, n = self.w, self.dtype, self.n
+        self.looked = True
+        for k in self.peers:
+            shared = w._peer_array(k, SEND_WIN, SEND_OFF, dtype, n)
+            if shared is not None:
+                self.in_place_inputs[k] = shared
+        areas = {k: w._peer_array(k, RECV_WIN, RECV_OFF, dtype, n) for k in self.other_readers}
+        mine_shared = self.dst is None or self.mine[RECV_WIN] != _NOT_SHARED
+        if areas and all(a is not None for a in areas.values()) and mine_shared:
+            self.direct = areas
+            self.written_for_me = self.written_for_me or self.dst is not None
+
+    def input_of(self, k, lo, hi, cell):
+        if k == self.me:
+            return self.src[lo:hi]
+        if k in self.in_place_inputs:
+            return self.in_place_inputs[k][lo:hi]
+        w = self.w
+        return w._cell(w.inputs[k], cell, self.dtype, hi - lo, int(w.ctrl[k, SEND_LINE_OFF]))
+
+    # -- the three steps ----------------------------------------------------------------------------
+    def copy_ready(self, g):
+        return g < DEPTH or self.w._reached(self.peers, REDUCED, self.base | (g - DEPTH + 1))
+
+    def copy_in(self, g):
+        w = self.w
+        ring, shift = w.inputs[self.me], int(self.mine[SEND_LINE_OFF])
+        for j, lo, hi, cell in self.pieces(g):
+            if j != self.me:
+                w._cell(ring, cell, self.dtype, hi - lo, shift)[:] = self.src[lo:hi]
+        w._publish(COPIED, self.base | (g + 1))
+
+    def reduce_ready(self, g):
+        w = self.w
+        if not w._reached(self.peers, COPIED, self.base | (g + 1)):
+            return False
+        return (self.direct is not None or g < DEPTH
+                or w._reached(self.other_readers, DRAINED, self.base | (g - DEPTH + 1)))
+
+    def reduce_mine(self, g):
+        w, dst = self.w, self.dst
+        if not self.looked:
+            self.look_at_peers()
+        for j, lo, hi, cell in self.pieces(g):
+            if j != self.me:
+                continue
+            inputs = [self.input_of(k, lo, hi, cell) for k in range(self.size)]
+            if self.direct is None and not self.only_reader:
+                result = w._cell(w.results[self.me], g % DEPTH, self.dtype, hi - lo, self.result_shift(self.me))
+                reduce_into(result, inputs, self.op)
+                if dst is not None:
+                    dst[lo:hi] = result
+            else:
+                areas = [self.direct[k][lo:hi] for k in self.other_readers] if self.direct is not None else []
+                out = dst[lo:hi] if dst is not None else areas.pop(0)
+                reduce_into(out, inputs, self.op)
+                for area in areas:
+                    area[:] = out
+        w._publish(REDUCED, self.base | (g + 1))
+
+    def drain_ready(self, g):
+        return self.w._reached(self.peers, REDUCED, self.base | (g + 1))
+
+    def drain(self, g):
+        w = self.w
+        for j, lo, hi, _ in self.pieces(g):
+            if j != self.me:
+                self.dst[lo:hi] = w._cell(w.results[j], g % DEPTH, self.dtype, hi - lo, self.result_shift(j))
+        w._publish(DRAINED, self.base | (g + 1))
+
+    # -- driving them -------------------------------------------------------------------------------
+    def step(self):
+        """Do one piece of work that is ready, draining first so that cells free up soonest."""
+        groups = self.groups
+        if self.drained < groups and self.drain_ready(self.drained):
+            self.w._ctrl_win.Sync()
+            if not self.looked:
+                self.look_at_peers()
+            if self.written_for_me:
+                self.drained = groups
+            else:
+                self.drain(self.drained)
+                self.drained += 1
+        elif self.reduced < groups and self.reduce_ready(self.reduced):
+            self.w._ctrl_win.Sync()
+            self.reduce_mine(self.reduced)
+            self.reduced += 1
+        elif self.copied < groups and self.copy_ready(self.copied):
+            self.copy_in(self.copied)
+            self.copied += 1
+        else:
+            return False
+        return True
+
+    def anything_ready(self):
+        groups = self.groups
+        return ((self.drained < groups and self.drain_ready(self.drained))
+                or (self.reduced < groups and self.reduce_ready(self.reduced))
+                or (self.copied < groups and self.copy_ready(self.copied)))
+
+    def run(self):
+        groups = self.groups
+        while self.copied < groups or self.reduced < groups or self.drained < groups:
+            if not self.step():
+                wait_until(self.anything_ready)
+        if self.send_win != _NOT_SHARED or self.written_for_me:
+            # Peers read my send buffer or write my receive buffer in place: done only when they are.
+            self.w._wait_all(self.peers, REDUCED, self.base | groups)
