@@ -20,9 +20,10 @@ _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
 # kind -> smallest message in bytes that leaves native MPI. Below it MPI's latency-tuned small-message
 # paths win; above it the shared-memory pipeline does (see perf/osu_*.py for the crossover measured).
-# None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH broadcasts with one
-# kernel-assisted copy, which our two-copy pipeline does not beat: measured 0.75x at 64 MiB in one
-# node and 0.6-0.8x over simulated nodes of one host (perf/osu_bcast.py).
+# None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH's broadcast already runs
+# at this machine's memory bandwidth, which a two-copy stream through shared cells cannot beat: measured
+# 0.45-0.72x of native from 1 to 64 MiB on 2 ranks (perf/osu_bcast.py), and a bare two-process cell
+# ring with no Python around it only reached parity.
 SELECTION = {
     "reduce": 16 << 10,
     "allreduce": 16 << 10,
