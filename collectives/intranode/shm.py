@@ -260,10 +260,8 @@ class _Reduction:
         # The owners write my receive buffer: a Reduce target's in shared memory, or (once known) all.
         self.written_for_me = self.only_reader and mine[RECV_WIN] != _NOT_SHARED
         groups = self.groups
-        self.copied = groups
-        if self.send_win == _NOT_SHARED:
-            self.copied = 0
-        else:
+        self.copied = 0 if self.send_win == _NOT_SHARED else groups
+        if self.send_win != _NOT_SHARED:
             w._publish(COPIED, self.base | groups)  # everything is readable in place already
         self.reduced = 0
         if self.gather and not self.only_reader:
@@ -364,40 +362,44 @@ class _Reduction:
         w._publish(DRAINED, self.base | (g + 1))
 
     # -- driving them -------------------------------------------------------------------------------
-    def step(self):
-        """Do one piece of work that is ready, draining first so that cells free up soonest."""
+    def ready_step(self):
+        """The step that can run now, draining first so that cells free up soonest; None if none can."""
         groups = self.groups
         if self.drained < groups and self.drain_ready(self.drained):
-            self.w._ctrl_win.Sync()
-            if not self.looked:
-                self.look_at_peers()
-            if self.written_for_me:
-                self.drained = groups
-            else:
-                self.drain(self.drained)
-                self.drained += 1
-        elif self.reduced < groups and self.reduce_ready(self.reduced):
-            self.w._ctrl_win.Sync()
-            self.reduce_mine(self.reduced)
-            self.reduced += 1
-        elif self.copied < groups and self.copy_ready(self.copied):
-            self.copy_in(self.copied)
-            self.copied += 1
-        else:
-            return False
-        return True
+            return self.drain_next
+        if self.reduced < groups and self.reduce_ready(self.reduced):
+            return self.reduce_next
+        if self.copied < groups and self.copy_ready(self.copied):
+            return self.copy_next
+        return None
 
-    def anything_ready(self):
-        groups = self.groups
-        return ((self.drained < groups and self.drain_ready(self.drained))
-                or (self.reduced < groups and self.reduce_ready(self.reduced))
-                or (self.copied < groups and self.copy_ready(self.copied)))
+    def drain_next(self):
+        self.w._ctrl_win.Sync()
+        if not self.looked:
+            self.look_at_peers()
+        if self.written_for_me:
+            self.drained = self.groups
+        else:
+            self.drain(self.drained)
+            self.drained += 1
+
+    def reduce_next(self):
+        self.w._ctrl_win.Sync()
+        self.reduce_mine(self.reduced)
+        self.reduced += 1
+
+    def copy_next(self):
+        self.copy_in(self.copied)
+        self.copied += 1
 
     def run(self):
         groups = self.groups
         while self.copied < groups or self.reduced < groups or self.drained < groups:
-            if not self.step():
-                wait_until(self.anything_ready)
+            step = self.ready_step()
+            if step is None:
+                wait_until(lambda: self.ready_step() is not None)
+            else:
+                step()
         if self.send_win != _NOT_SHARED or self.written_for_me:
             # Peers read my send buffer or write my receive buffer in place: done only when they are.
             self.w._wait_all(self.peers, REDUCED, self.base | groups)
