@@ -39,6 +39,15 @@ def canonical_axis(axis, num_axes, layer=None):
     return axis + num_axes if axis < 0 else axis
 
 
+def axis_or_legacy_dim(param, legacy_field, num_axes, layer):
+    """The axis of a Concat/Slice parameter: `axis`, or the deprecated `concat_dim`/`slice_dim` (never both)."""
+    if param.HasField("axis") and param.HasField(legacy_field):
+        raise ValueError(f"layer {layer.name!r}: give either axis or {legacy_field}, not both")
+    if param.HasField(legacy_field):
+        return int(getattr(param, legacy_field))
+    return canonical_axis(param.axis, num_axes, layer)
+
+
 def count(shape, start=0, end=None):
     end = len(shape) if end is None else end
     return int(numpy.prod(shape[start:end], dtype=numpy.int64))

@@ -1,7 +1,7 @@
 """Concat layer (Caffe's "Concat"): joins its bottoms along one axis; backward hands each its slice."""
 from kernels.backend import get_array_module
 from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis
+from scaffe.layers._helpers import axis_or_legacy_dim
 from scaffe.layers.layer import Layer
 
 
@@ -11,15 +11,9 @@ class ConcatLayer(Layer):
     min_num_bottom = 1
     exact_num_top = 1
 
-    def setup(self, bottom, top):
-        cp = self.param.concat_param
-        if cp.HasField("axis") and cp.HasField("concat_dim"):
-            raise ValueError(f"layer {self.name!r}: give either axis or concat_dim, not both")
-
     def reshape(self, bottom, top):
-        cp = self.param.concat_param
         ndim = len(bottom[0].shape)
-        self.axis = int(cp.concat_dim) if cp.HasField("concat_dim") else canonical_axis(cp.axis, ndim, self)
+        self.axis = axis_or_legacy_dim(self.param.concat_param, "concat_dim", ndim, self)
         shape = list(bottom[0].shape)
         for b in bottom[1:]:
             if len(b.shape) != ndim or any(b.shape[k] != shape[k] for k in range(ndim) if k != self.axis):

@@ -1,7 +1,7 @@
 """Slice layer (Caffe's "Slice"): cuts its bottom along one axis at slice points (or into equal parts)."""
 from kernels.backend import get_array_module
 from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis
+from scaffe.layers._helpers import axis_or_legacy_dim
 from scaffe.layers.layer import Layer
 
 
@@ -13,17 +13,14 @@ class SliceLayer(Layer):
 
     def setup(self, bottom, top):
         sp = self.param.slice_param
-        if sp.HasField("axis") and sp.HasField("slice_dim"):
-            raise ValueError(f"layer {self.name!r}: give either axis or slice_dim, not both")
         self.points = [int(p) for p in sp.slice_point]
         if self.points and len(self.points) != len(top) - 1:
             raise ValueError(f"layer {self.name!r}: {len(top)} tops need {len(top) - 1} slice points, "
                              f"got {len(self.points)}")
 
     def reshape(self, bottom, top):
-        sp = self.param.slice_param
         shape = bottom[0].shape
-        self.axis = int(sp.slice_dim) if sp.HasField("slice_dim") else canonical_axis(sp.axis, len(shape), self)
+        self.axis = axis_or_legacy_dim(self.param.slice_param, "slice_dim", len(shape), self)
         total = shape[self.axis]
         if self.points:
             bounds = [0] + self.points + [total]
