@@ -61,6 +61,9 @@ def _reduce_cpu(out, inputs, ufunc):
     if ufunc.__name__.startswith("logical_"):
         _reduce_logical(out, inputs, ufunc)
         return
+    if len(inputs) == 2:  # one ufunc pass already; numpy itself guards an `out` that overlaps an input
+        ufunc(inputs[0], inputs[1], out=out)
+        return
     block = max(1, BLOCK_BYTES // max(out.itemsize, 1))
     first, second, rest = inputs[0], inputs[1], inputs[2:]
     # Writing into `out` early would destroy a later input that lives in the same memory (an

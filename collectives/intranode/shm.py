@@ -27,6 +27,8 @@ Counters hold `seq << 32 | progress`, with `seq` counting node collectives, so a
 earlier call can never satisfy a wait in a later one. Before touching shared memory a call waits until
 every local rank has finished the previous call (a lazy barrier: nobody waits at the end of a call).
 """
+import functools
+
 import numpy
 from mpi4py import MPI
 
@@ -45,11 +47,30 @@ _NOT_SHARED = -1
 
 
 def _address(array):
-    return array.__array_interface__["data"][0]
+    return MPI.buffer(array).address  # a fifth of the cost of __array_interface__, on the per-call path
 
 
 def _line_offset(array):
     return 0 if array is None else _address(array) % _LINE
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(n, per_cell, size, gatherer):
+    """For each group, the (owner, lo, hi, input cell) of its pieces that are not empty.
+
+    Chunk c of `per_cell` elements belongs to local rank c % size; with a `gatherer` (>= 0) that rank
+    owns every chunk and a group is one piece, its cells side by side. Kept across calls: a training
+    loop reduces the same sizes every step.
+    """
+    groups = []
+    for g in range(-(-n // (size * per_cell))):
+        if gatherer >= 0:
+            lo = g * size * per_cell
+            groups.append(((gatherer, lo, min(n, lo + size * per_cell), (g % DEPTH) * size),))
+            continue
+        groups.append(tuple((j, (g * size + j) * per_cell, min(n, (g * size + j + 1) * per_cell), (g % DEPTH) * size + j)
+                            for j in range(size) if (g * size + j) * per_cell < n))
+    return tuple(groups)
 
 
 class SharedWindows:
@@ -67,6 +88,10 @@ class SharedWindows:
         self.ctrl = numpy.frombuffer(mem, dtype=numpy.int64, count=_FIELDS * self.local_size).reshape(
             self.local_size, _FIELDS)
         self.ctrl[self.local_rank, :] = 0
+        # The hot path reads and writes the fields through a flat memoryview: plain Python ints, at half
+        # the cost of numpy scalar indexing and comparison.
+        self.flags = memoryview(mem).cast("B").cast("q")[:_FIELDS * self.local_size]
+        self._mine = _FIELDS * self.local_rank
         self.cell_bytes = max(_LINE, cell_bytes // _LINE * _LINE)
         self._stride = self.cell_bytes + _LINE
         # Each rank allocates its own cells, so first touch places them near the rank that writes them.
@@ -107,10 +132,10 @@ class SharedWindows:
 
     def _peer_array(self, rank, win_field, off_field, dtype, count):
         """The alloc array local rank `rank` published in its (win_field, off_field), or None."""
-        win_index = int(self.ctrl[rank, win_field])
+        win_index = self.field(rank, win_field)
         if win_index == _NOT_SHARED:
             return None
-        offset = int(self.ctrl[rank, off_field])
+        offset = self.field(rank, off_field)
         return self._alloc_wins[win_index][1][rank][offset:offset + count * dtype.itemsize].view(dtype)
 
     def _cell(self, ring, index, dtype, count, shift):
@@ -122,14 +147,21 @@ class SharedWindows:
         return ring[start:start + count * dtype.itemsize].view(dtype)
 
     # -- synchronisation ----------------------------------------------------------------------------
+    def field(self, rank, field):
+        return self.flags[_FIELDS * rank + field]
+
+    def set_field(self, field, value):
+        """Set one of my fields that peers read only after a later _publish."""
+        self.flags[self._mine + field] = value
+
     def _publish(self, field, value):
         self._ctrl_win.Sync()  # make the data written before this counter visible first
-        self.ctrl[self.local_rank, field] = value
+        self.flags[self._mine + field] = value
 
     def _reached(self, ranks, field, value):
-        ctrl = self.ctrl
+        flags = self.flags
         for k in ranks:
-            if ctrl[k, field] < value:
+            if flags[_FIELDS * k + field] < value:
                 return False
         return True
 
@@ -180,7 +212,7 @@ class SharedWindows:
         readers = [k for k in range(size) if k != source]
         if me == source:
             shift = _line_offset(buf)
-            self.ctrl[me, SEND_LINE_OFF] = shift  # travels with the first COPIED counter
+            self.set_field(SEND_LINE_OFF, shift)  # travels with the first COPIED counter
             sent = 0
 
             def arrived(count):
@@ -202,8 +234,8 @@ class SharedWindows:
             done = 0
             while done < chunks:
                 self._wait_all([source], COPIED, base | (done + 1))
-                shift = int(self.ctrl[source, SEND_LINE_OFF])
-                available = int(self.ctrl[source, COPIED]) - base
+                shift = self.field(source, SEND_LINE_OFF)
+                available = self.field(source, COPIED) - base
                 while done < available:
                     lo, hi = done * per_cell, min(n, (done + 1) * per_cell)
                     buf[lo:hi] = self._cell(ring, done % cells, dtype, hi - lo, shift)
@@ -230,15 +262,15 @@ class _Reduction:
         me, size = self.me, self.size = w.local_rank, w.local_size
         self.dtype, self.n = src.dtype, src.shape[0]
         self.per_cell = w.cell_bytes // self.dtype.itemsize
-        self.chunks = -(-self.n // self.per_cell)
         self.peers = [k for k in range(size) if k != me]
         self.other_readers = [k for k in readers if k != me]
         self.only_reader = readers == [me]
-        mine = self.mine = w.ctrl[me]
-        self.send_win, mine[SEND_OFF] = w._locate(src)
-        mine[SEND_WIN] = self.send_win
-        mine[RECV_WIN], mine[RECV_OFF] = w._locate(dst)
-        mine[SEND_LINE_OFF], mine[RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
+        self.send_win, send_off = w._locate(src)
+        recv_win, recv_off = w._locate(dst)
+        flags, row = w.flags, w._mine
+        flags[row + SEND_WIN], flags[row + SEND_OFF] = self.send_win, send_off
+        flags[row + RECV_WIN], flags[row + RECV_OFF] = recv_win, recv_off
+        flags[row + SEND_LINE_OFF], flags[row + RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
         w._publish(COPIED, self.base)  # my fields are readable: peers read them only after this
         # A two-rank Reduce whose other rank must copy its input in anyway does least work when the
         # target combines every chunk itself: nothing is copied out and the copy-in overlaps the
@@ -248,17 +280,18 @@ class _Reduction:
         if len(readers) == 1 and size == 2:
             if self.only_reader:
                 w._wait_all(self.peers, COPIED, self.base)
-                self.gather = int(w.ctrl[self.peers[0], SEND_WIN]) == _NOT_SHARED
+                self.gather = w.field(self.peers[0], SEND_WIN) == _NOT_SHARED
             else:
                 self.gather = self.send_win == _NOT_SHARED
-        self.groups = -(-self.chunks // size)
+        self.layout = _layout(self.n, self.per_cell, size, readers[0] if self.gather else -1)
+        self.groups = len(self.layout)
         self.in_place_inputs = {}  # peer -> its send buffer in shared memory, read in place
         # The other readers' receive buffers, when all readers' live in shared memory: owners then
         # write results there themselves and no result cell is used. Known once peers' fields are.
         self.direct = None
         self.looked = False
         # The owners write my receive buffer: a Reduce target's in shared memory, or (once known) all.
-        self.written_for_me = self.only_reader and mine[RECV_WIN] != _NOT_SHARED
+        self.written_for_me = self.only_reader and recv_win != _NOT_SHARED
         groups = self.groups
         self.copied = 0 if self.send_win == _NOT_SHARED else groups
         if self.send_win != _NOT_SHARED:
@@ -269,25 +302,11 @@ class _Reduction:
             w._publish(REDUCED, self.base | groups)
         self.drained = 0 if dst is not None and not self.written_for_me and not self.gather else groups
 
-    # -- layout -------------------------------------------------------------------------------------
-    def pieces(self, g):
-        """(owner, lo, hi, input cell) of each piece of group g that is not empty."""
-        size, per_cell, n = self.size, self.per_cell, self.n
-        if self.gather:
-            lo = g * size * per_cell  # the group is one piece: its cells side by side
-            return [(self.readers[0], lo, min(n, lo + size * per_cell), (g % DEPTH) * size)]
-        found = []
-        for j in range(size):
-            lo = (g * size + j) * per_cell
-            if lo < n:
-                found.append((j, lo, min(n, lo + per_cell), (g % DEPTH) * size + j))
-        return found
-
     def result_shift(self, j):
         # Result cells line up with the buffer they are copied to: the target's, or in an
         # allreduce the owner's own (numpy buffers of all ranks are usually aligned alike).
         readers = self.readers
-        return int(self.w.ctrl[readers[0] if len(readers) == 1 else j, RECV_LINE_OFF])
+        return self.w.field(readers[0] if len(readers) == 1 else j, RECV_LINE_OFF)
 
     def look_at_peers(self):
         """Read the peers' fields; call once every peer has published a counter of this call."""
@@ -298,7 +317,7 @@ class _Reduction:
             if shared is not None:
                 self.in_place_inputs[k] = shared
         areas = {k: w._peer_array(k, RECV_WIN, RECV_OFF, dtype, n) for k in self.other_readers}
-        mine_shared = self.dst is None or self.mine[RECV_WIN] != _NOT_SHARED
+        mine_shared = self.dst is None or w.field(self.me, RECV_WIN) != _NOT_SHARED
         if areas and all(a is not None for a in areas.values()) and mine_shared:
             self.direct = areas
             self.written_for_me = self.written_for_me or self.dst is not None
@@ -309,7 +328,7 @@ class _Reduction:
         if k in self.in_place_inputs:
             return self.in_place_inputs[k][lo:hi]
         w = self.w
-        return w._cell(w.inputs[k], cell, self.dtype, hi - lo, int(w.ctrl[k, SEND_LINE_OFF]))
+        return w._cell(w.inputs[k], cell, self.dtype, hi - lo, w.field(k, SEND_LINE_OFF))
 
     # -- the three steps ----------------------------------------------------------------------------
     def copy_ready(self, g):
@@ -317,8 +336,8 @@ class _Reduction:
 
     def copy_in(self, g):
         w = self.w
-        ring, shift = w.inputs[self.me], int(self.mine[SEND_LINE_OFF])
-        for j, lo, hi, cell in self.pieces(g):
+        ring, shift = w.inputs[self.me], w.field(self.me, SEND_LINE_OFF)
+        for j, lo, hi, cell in self.layout[g]:
             if j != self.me:
                 w._cell(ring, cell, self.dtype, hi - lo, shift)[:] = self.src[lo:hi]
         w._publish(COPIED, self.base | (g + 1))
@@ -334,7 +353,7 @@ class _Reduction:
         w, dst = self.w, self.dst
         if not self.looked:
             self.look_at_peers()
-        for j, lo, hi, cell in self.pieces(g):
+        for j, lo, hi, cell in self.layout[g]:
             if j != self.me:
                 continue
             inputs = [self.input_of(k, lo, hi, cell) for k in range(self.size)]
@@ -356,7 +375,7 @@ class _Reduction:
 
     def drain(self, g):
         w = self.w
-        for j, lo, hi, _ in self.pieces(g):
+        for j, lo, hi, _ in self.layout[g]:
             if j != self.me:
                 self.dst[lo:hi] = w._cell(w.results[j], g % DEPTH, self.dtype, hi - lo, self.result_shift(j))
         w._publish(DRAINED, self.base | (g + 1))
