@@ -16,15 +16,13 @@ from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging
 from collectives.errors import CollectiveError, MismatchError
 from collectives.intranode.shm import SharedWindows
-from collectives.ops import op_name
+from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
 from collectives.settings import positive_int
 from collectives.topology import Topology
 from kernels.reduce import supports
 
 _COMPUTED_KINDS = "iufc"  # integer, unsigned, float, complex: what the reduce kernels handle
-# Native MPI has no portable half-precision type (Open MPI lacks one), so float16 never goes native.
-_NEVER_NATIVE = {numpy.dtype(numpy.float16)}
 
 
 class Call:
@@ -263,7 +261,7 @@ class Comm(MPI.Intracomm):
         _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         name = algorithms.select(call.kind, call.nbytes, self.forced) if call.computed else "native"
         dtype = (call.send if call.send is not None else call.recv).dtype
-        if name == "native" and call.computed and dtype in _NEVER_NATIVE:
+        if name == "native" and call.computed and not native_reduces(dtype):
             name = "tree"
         if name == "native":
             if call.staging is not None:

@@ -1,5 +1,10 @@
-"""Which MPI reduction ops the collectives compute themselves, by name of the kernel that does it."""
+"""Which MPI reduction ops the collectives compute themselves, by name of the kernel that does it, and
+which element types the wrapped MPI can reduce itself."""
+import numpy
 from mpi4py import MPI
+
+# Native MPI has no portable half-precision type (Open MPI lacks one), so float16 never goes native.
+_NEVER_NATIVE = {numpy.dtype(numpy.float16)}
 
 # MPI.Op objects are unhashable; their Fortran handles are stable integers for predefined ops.
 _OP_NAMES = {
@@ -19,3 +24,8 @@ _OP_NAMES = {
 def op_name(op):
     """Kernel name for a predefined op we compute ("sum", ...), or None (user-defined, MINLOC, REPLACE ...)."""
     return _OP_NAMES.get(op.py2f())
+
+
+def native_reduces(dtype):
+    """Whether the wrapped MPI can reduce elements of `dtype` (one of those we compute) itself."""
+    return numpy.dtype(dtype) not in _NEVER_NATIVE

@@ -17,6 +17,8 @@ class Topology:
 
     node_comm:     the ranks of my (possibly simulated) node, ordered by their rank in `comm`.
     leaders_comm:  local rank 0 of every node, ordered by node (None on non-leaders).
+    column_comm:   the ranks with my local rank on every node, ordered by node; only when there are
+                   several nodes, all of one size (else None).
     node_of[r]:    node index of rank r; nodes are numbered by their lowest rank.
     local_rank_of[r], node_sizes[i], node_members[i] (ranks of node i in order).
     """
@@ -52,6 +54,9 @@ class Topology:
         self.leaders_comm = comm.Split(0 if is_leader else MPI.UNDEFINED, key=self.node)
         if not is_leader:
             self.leaders_comm = None
+        self.column_comm = None
+        if self.num_nodes > 1 and len(set(self.node_sizes)) == 1:
+            self.column_comm = comm.Split(self.local_rank, key=self.node)
         self._comm = comm
         self._heads = {}
 
@@ -84,6 +89,7 @@ class Topology:
         for heads in self._heads.values():
             if heads is not None:
                 heads.Free()
-        if self.leaders_comm is not None:
-            self.leaders_comm.Free()
+        for owned in (self.leaders_comm, self.column_comm):
+            if owned is not None:
+                owned.Free()
         self.node_comm.Free()

@@ -4,6 +4,7 @@ The head of the root's node is the root itself, so the final result is written s
 root's receive buffer and never hops through another local rank.
 """
 from collectives.algorithms import chain, pipeline, tree
+from collectives.ops import native_reduces
 
 # Among node heads, a chain moves n bytes per link but has P-1 hops of latency; a binomial tree has
 # log2(P) hops but its inner ranks receive from several children. Chains win once chunks pipeline.
@@ -34,12 +35,17 @@ def reduce(comm, call):
 
 
 def allreduce(comm, call):
-    """Node reduce to local rank 0, an allreduce among leaders (reduce then broadcast down the same
-    tree), and the MPI library's broadcast inside each node: it makes one copy where our cells make
-    two (measured 0.5-0.7x of MPICH's for the cells' broadcast, see SELECTION)."""
+    """One pass through the nodes' cells when all nodes have the same size: each chunk's owner allreduces
+    it with its owners on the other nodes before the node reads it (every rank carries a share of the
+    inter-node traffic). Otherwise a node reduce to local rank 0, an allreduce among leaders (reduce
+    then broadcast down the same tree) and the MPI library's broadcast inside each node, which makes one
+    copy where our cells make two (measured 0.5-0.7x of MPICH's for the cells' broadcast, see SELECTION)."""
     topo, shm = comm.node_topology, comm.shm
     if topo.num_nodes == 1:
         shm.allreduce(call.send, call.recv, call.op_name)
+        return
+    if topo.column_comm is not None and native_reduces(call.recv.dtype):
+        shm.allreduce(call.send, call.recv, call.op_name, across=(topo.column_comm, call.op))
         return
     shm.reduce(call.send, call.recv, call.op_name, target=0)
     leaders = topo.leaders_comm

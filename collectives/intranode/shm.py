@@ -27,6 +27,7 @@ Counters hold `seq << 32 | progress`, with `seq` counting node collectives, so a
 earlier call can never satisfy a wait in a later one. Before touching shared memory a call waits until
 every local rank has finished the previous call (a lazy barrier: nobody waits at the end of a call).
 """
+import collections
 import functools
 
 import numpy
@@ -186,12 +187,17 @@ class SharedWindows:
         """
         self._reduce(src, dst if self.local_rank == target else None, op, readers=[target])
 
-    def allreduce(self, src, dst, op):
-        """Reduce every local rank's `src` into every local rank's `dst` (which may be `src`)."""
-        self._reduce(src, dst, op, readers=list(range(self.local_size)))
+    def allreduce(self, src, dst, op, across=None):
+        """Reduce every local rank's `src` into every local rank's `dst` (which may be `src`).
 
-    def _reduce(self, src, dst, op, readers):
-        _Reduction(self, src, dst, op, readers).run()
+        across=(column communicator, MPI op): every node runs this call on the same vector layout, and
+        each chunk's owner also allreduces its chunk with the owners of that chunk on the other nodes
+        (nonblocking, so its cells keep moving), which makes this an allreduce over all of them.
+        """
+        self._reduce(src, dst, op, readers=list(range(self.local_size)), across=across)
+
+    def _reduce(self, src, dst, op, readers, across=None):
+        _Reduction(self, src, dst, op, readers, across).run()
         self.finish()
 
     # -- broadcast ----------------------------------------------------------------------------------
@@ -255,8 +261,10 @@ class SharedWindows:
 class _Reduction:
     """One node reduce on one rank: which pieces it copies in, reduces and copies out, and in what order."""
 
-    def __init__(self, windows, src, dst, op, readers):
+    def __init__(self, windows, src, dst, op, readers, across=None):
         w = self.w = windows
+        self.across = across  # (column communicator, MPI op): my chunks are reduced across nodes too
+        self.pending = collections.deque()  # (group, results, requests) of the chunks being reduced across
         self.base = w.begin()
         self.src, self.dst, self.op, self.readers = src, dst, op, readers
         me, size = self.me, self.size = w.local_rank, w.local_size
@@ -353,22 +361,31 @@ class _Reduction:
         w, dst = self.w, self.dst
         if not self.looked:
             self.look_at_peers()
+        results = []  # (where my chunk's result is, where else it must be copied), per piece I own
         for j, lo, hi, cell in self.layout[g]:
             if j != self.me:
                 continue
             inputs = [self.input_of(k, lo, hi, cell) for k in range(self.size)]
             if self.direct is None and not self.only_reader:
-                result = w._cell(w.results[self.me], g % DEPTH, self.dtype, hi - lo, self.result_shift(self.me))
-                reduce_into(result, inputs, self.op)
-                if dst is not None:
-                    dst[lo:hi] = result
+                out = w._cell(w.results[self.me], g % DEPTH, self.dtype, hi - lo, self.result_shift(self.me))
+                copies = [dst[lo:hi]] if dst is not None else []
             else:
-                areas = [self.direct[k][lo:hi] for k in self.other_readers] if self.direct is not None else []
-                out = dst[lo:hi] if dst is not None else areas.pop(0)
-                reduce_into(out, inputs, self.op)
-                for area in areas:
-                    area[:] = out
-        w._publish(REDUCED, self.base | (g + 1))
+                copies = [self.direct[k][lo:hi] for k in self.other_readers] if self.direct is not None else []
+                out = dst[lo:hi] if dst is not None else copies.pop(0)
+            reduce_into(out, inputs, self.op)
+            results.append((out, copies))
+        if self.across is None:
+            self.complete(g, results)
+        else:
+            # The same chunks on the other nodes, combined in place while this rank goes on with its cells.
+            column, op = self.across
+            self.pending.append((g, results, [column.Iallreduce(MPI.IN_PLACE, out, op) for out, _ in results]))
+
+    def complete(self, g, results):
+        for out, copies in results:
+            for area in copies:
+                area[:] = out
+        self.w._publish(REDUCED, self.base | (g + 1))
 
     def drain_ready(self, g):
         return self.w._reached(self.peers, REDUCED, self.base | (g + 1))
@@ -384,6 +401,8 @@ class _Reduction:
     def ready_step(self):
         """The step that can run now, draining first so that cells free up soonest; None if none can."""
         groups = self.groups
+        if self.pending and MPI.Request.Testall(self.pending[0][2]):
+            return self.complete_next
         if self.drained < groups and self.drain_ready(self.drained):
             return self.drain_next
         if self.reduced < groups and self.reduce_ready(self.reduced):
@@ -407,13 +426,17 @@ class _Reduction:
         self.reduce_mine(self.reduced)
         self.reduced += 1
 
+    def complete_next(self):
+        g, results, _ = self.pending.popleft()
+        self.complete(g, results)
+
     def copy_next(self):
         self.copy_in(self.copied)
         self.copied += 1
 
     def run(self):
         groups = self.groups
-        while self.copied < groups or self.reduced < groups or self.drained < groups:
+        while self.copied < groups or self.reduced < groups or self.drained < groups or self.pending:
             step = self.ready_step()
             if step is None:
                 wait_until(lambda: self.ready_step() is not None)
