@@ -66,10 +66,10 @@ class _FastPath:
 
     __slots__ = ("rank", "size", "pairs", "reduce_below", "allreduce_below")
 
-    def __init__(self, rank, size, pairs):
+    def __init__(self, rank, size, pairs, several_nodes):
         self.rank, self.size, self.pairs = rank, size, pairs
-        self.reduce_below = algorithms.SELECTION["reduce"]
-        self.allreduce_below = algorithms.SELECTION["allreduce"]
+        self.reduce_below = algorithms.threshold("reduce", several_nodes)
+        self.allreduce_below = algorithms.threshold("allreduce", several_nodes)
 
     def reduce_ok(self, sendbuf, recvbuf, op, root):
         return (0 <= root < self.size
@@ -127,7 +127,8 @@ class Comm(MPI.Intracomm):
         self._native_pairs = set()  # (op handle, dtype number) pairs already validated for the native path
         # Everything the latency path reads, in one object: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
-        self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs)
+        self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs,
+                                self.node_topology.num_nodes > 1)
                       if not self.check and self.forced is None else None)
         self._ready = True
 
@@ -259,7 +260,8 @@ class Comm(MPI.Intracomm):
         if call is None:
             return None
         _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
-        name = algorithms.select(call.kind, call.nbytes, self.forced) if call.computed else "native"
+        name = (algorithms.select(call.kind, call.nbytes, self.forced, self.node_topology.num_nodes > 1)
+                if call.computed else "native")
         dtype = (call.send if call.send is not None else call.recv).dtype
         if name == "native" and call.computed and not native_reduces(dtype):
             name = "tree"

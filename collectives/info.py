@@ -69,8 +69,8 @@ def main():
             where = f"GPU {gpu} of {gpus}" if gpu is not None else "no GPU"
             print(f"rank {rank}: host {host}, local rank {local}, {where}")
         print("algorithm by message size (SCAFFE_REDUCE_ALGO overrides):")
-        for nbytes in (4, 16 << 10, 1 << 20, 64 << 20):
-            chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced)}"
+        for nbytes in (4, 256 << 10, 1 << 20, 64 << 20):
+            chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced, topo.num_nodes > 1)}"
                                for kind in ("reduce", "allreduce", "bcast"))
             print(f"  {nbytes:>10} B: {chosen}")
 

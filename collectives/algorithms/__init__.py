@@ -18,17 +18,28 @@ _ALGORITHMS = {
 }
 _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
-# kind -> smallest message in bytes that leaves native MPI. Below it MPI's latency-tuned small-message
-# paths win; above it the shared-memory pipeline does (see perf/osu_*.py for the crossover measured).
+# kind -> smallest message in bytes that leaves native MPI, (on one node, across several nodes). Below
+# it MPI's latency-tuned paths win: a call through the shared-memory cells costs about 35-50 us of Python
+# and synchronisation on 2 ranks (150-200 us on 4 ranks sharing 2 cores) before any data moves. Measured
+# with perf/osu_*.py --impl both on MPICH, ratio native/scaffe:
+#   Reduce, one node: 64 KiB 0.63-0.76, 128 KiB 1.29-1.96 (2 and 4 ranks); across nodes of 2 ranks:
+#     128 KiB 0.75-0.92, 256 KiB 2.2 (4 and 8 ranks).
+#   Allreduce, one node: 128 KiB 1.14-1.20 but 256 KiB 0.86-0.96 (MPICH changes algorithm there), 512 KiB
+#     1.04-1.17, 1 MiB 1.46-1.60. Across nodes the same threshold.
 # None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH's broadcast already runs
 # at this machine's memory bandwidth, which a two-copy stream through shared cells cannot beat: measured
 # 0.45-0.72x of native from 1 to 64 MiB on 2 ranks (perf/osu_bcast.py), and a bare two-process cell
 # ring with no Python around it only reached parity.
 SELECTION = {
-    "reduce": 16 << 10,
-    "allreduce": 16 << 10,
-    "bcast": None,
+    "reduce": (128 << 10, 256 << 10),
+    "allreduce": (512 << 10, 512 << 10),
+    "bcast": (None, None),
 }
+
+
+def threshold(kind, several_nodes):
+    """Smallest message of `kind` that leaves native MPI, or None when it never does by default."""
+    return SELECTION[kind][1 if several_nodes else 0]
 
 
 def names():
@@ -45,12 +56,12 @@ def forced():
     return name
 
 
-def select(kind, nbytes, override=None):
+def select(kind, nbytes, override=None, several_nodes=False):
     """Name of the algorithm for a `kind` collective of `nbytes` (override: SCAFFE_REDUCE_ALGO's value)."""
     if override is not None:
         return override
-    threshold = SELECTION[kind]
-    return "native" if threshold is None or nbytes < threshold else "hierarchical"
+    below = threshold(kind, several_nodes)
+    return "native" if below is None or nbytes < below else "hierarchical"
 
 
 def get(name, kind):
