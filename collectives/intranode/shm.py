@@ -69,8 +69,8 @@ def _layout(n, per_cell, size, gatherer):
             lo = g * size * per_cell
             groups.append(((gatherer, lo, min(n, lo + size * per_cell), (g % DEPTH) * size),))
             continue
-        groups.append(tuple((j, (g * size + j) * per_cell, min(n, (g * size + j + 1) * per_cell), (g % DEPTH) * size + j)
-                            for j in range(size) if (g * size + j) * per_cell < n))
+        starts = [((g * size + j) * per_cell, j) for j in range(size)]
+        groups.append(tuple((j, lo, min(n, lo + per_cell), (g % DEPTH) * size + j) for lo, j in starts if lo < n))
     return tuple(groups)
 
 
