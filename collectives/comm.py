@@ -113,6 +113,7 @@ class Comm(MPI.Intracomm):
         # mpi4py's Dup returns our own class; the plain Intracomm keeps our traffic off our overrides.
         self.private = MPI.Intracomm(MPI.Intracomm.Dup(self))
         self.node_topology = Topology(self.private)
+        self.several_nodes = self.node_topology.num_nodes > 1  # which column of the selection table
         self.chunk_bytes = positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
         # A group of cells (one per local rank) of about 1 MiB: large enough that per-cell overheads
         # vanish, small enough that the rings stay in cache (perf/osu_allreduce.py measured the choice).
@@ -127,8 +128,7 @@ class Comm(MPI.Intracomm):
         self._native_pairs = set()  # (op handle, dtype number) pairs already validated for the native path
         # Everything the latency path reads, in one object: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
-        self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs,
-                                self.node_topology.num_nodes > 1)
+        self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs, self.several_nodes)
                       if not self.check and self.forced is None else None)
         self._ready = True
 
@@ -260,8 +260,7 @@ class Comm(MPI.Intracomm):
         if call is None:
             return None
         _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
-        name = (algorithms.select(call.kind, call.nbytes, self.forced, self.node_topology.num_nodes > 1)
-                if call.computed else "native")
+        name = algorithms.select(call.kind, call.nbytes, self.forced, self.several_nodes) if call.computed else "native"
         dtype = (call.send if call.send is not None else call.recv).dtype
         if name == "native" and call.computed and not native_reduces(dtype):
             name = "tree"

@@ -70,7 +70,7 @@ def main():
             print(f"rank {rank}: host {host}, local rank {local}, {where}")
         print("algorithm by message size (SCAFFE_REDUCE_ALGO overrides):")
         for nbytes in (4, 256 << 10, 1 << 20, 64 << 20):
-            chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced, topo.num_nodes > 1)}"
+            chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced, comm.several_nodes)}"
                                for kind in ("reduce", "allreduce", "bcast"))
             print(f"  {nbytes:>10} B: {chosen}")
 

@@ -86,13 +86,12 @@ class SharedWindows:
         self._ctrl_win = MPI.Win.Allocate_shared(ctrl_bytes, 8, comm=node_comm)
         self._ctrl_win.Lock_all()
         mem, _ = self._ctrl_win.Shared_query(0)
-        self.ctrl = numpy.frombuffer(mem, dtype=numpy.int64, count=_FIELDS * self.local_size).reshape(
-            self.local_size, _FIELDS)
-        self.ctrl[self.local_rank, :] = 0
-        # The hot path reads and writes the fields through a flat memoryview: plain Python ints, at half
-        # the cost of numpy scalar indexing and comparison.
+        # Row k (_FIELDS int64s) holds local rank k's fields, read and written through a flat memoryview:
+        # plain Python ints, at half the cost of numpy scalar indexing and comparison.
         self.flags = memoryview(mem).cast("B").cast("q")[:_FIELDS * self.local_size]
         self._mine = _FIELDS * self.local_rank
+        for field in range(_FIELDS):
+            self.set_field(field, 0)
         self.cell_bytes = max(_LINE, cell_bytes // _LINE * _LINE)
         self._stride = self.cell_bytes + _LINE
         # Each rank allocates its own cells, so first touch places them near the rank that writes them.
@@ -275,10 +274,10 @@ class _Reduction:
         self.only_reader = readers == [me]
         self.send_win, send_off = w._locate(src)
         recv_win, recv_off = w._locate(dst)
-        flags, row = w.flags, w._mine
-        flags[row + SEND_WIN], flags[row + SEND_OFF] = self.send_win, send_off
-        flags[row + RECV_WIN], flags[row + RECV_OFF] = recv_win, recv_off
-        flags[row + SEND_LINE_OFF], flags[row + RECV_LINE_OFF] = _line_offset(src), _line_offset(dst)
+        for field, value in ((SEND_WIN, self.send_win), (SEND_OFF, send_off), (RECV_WIN, recv_win),
+                             (RECV_OFF, recv_off), (SEND_LINE_OFF, _line_offset(src)),
+                             (RECV_LINE_OFF, _line_offset(dst))):
+            w.set_field(field, value)
         w._publish(COPIED, self.base)  # my fields are readable: peers read them only after this
         # A two-rank Reduce whose other rank must copy its input in anyway does least work when the
         # target combines every chunk itself: nothing is copied out and the copy-in overlaps the
