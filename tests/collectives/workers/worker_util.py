@@ -155,6 +155,26 @@ class Worker:
         if not condition:
             self.fail(message)
 
+    def check_raises(self, error_type, words, call):
+        """call() must raise error_type with a message naming every one of `words` (case-insensitive)."""
+        try:
+            result = call()
+        except error_type as error:
+            text = str(error)
+            missing = [word for word in words if word.lower() not in text.lower()]
+            self.check_true(not missing, f"the message {text!r} does not mention {missing}")
+        except Exception as error:
+            self.fail(f"raised {type(error).__name__}: {error} instead of {error_type.__name__}")
+        else:
+            self.fail(f"no {error_type.__name__} raised on this rank (returned {result!r})")
+
+    def check_in_step(self, after):
+        """One correct Allreduce, checked: every rank is still in step `after` a failed call."""
+        data = [contribution("sum", numpy.float64, 5003, r, self.cases) for r in range(self.size)]
+        out = numpy.empty(5003)
+        self.comm.Allreduce(data[self.rank], out, op=MPI.SUM)
+        self.check(out, expected_reduction("sum", data), f"the correct Allreduce after {after}")
+
     def done(self, name):
         """Every rank got here: rank 0 prints the line the harness looks for."""
         self.current = "final barrier"
