@@ -1,0 +1,214 @@
+"""The compiled step loop behind `compiled.run` (see that module); imported only when first needed.
+
+numba caches the machine code on disk (`cache=True`), so a process compiles a dtype's loop at most once per
+installation. Everything here addresses shared memory by integer address, as MPI hands it out.
+"""
+import numpy
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from collectives.intranode.compiled import NAP_US, SPINS, YIELDS
+from collectives.intranode.shm import COPIED, DEPTH, DRAINED, FIELDS, RECV_LINE_OFF, REDUCED, SEND_LINE_OFF
+
+
+@intrinsic
+def load_acquire(typingctx, address):
+    def codegen(context, builder, sig, args):
+        pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        return builder.load_atomic(pointer, "acquire", 8)
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def store_release(typingctx, address, value):
+    def codegen(context, builder, sig, args):
+        pointer = builder.inttoptr(args[0], ir.IntType(64).as_pointer())
+        builder.store_atomic(args[1], pointer, "release", 8)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64), codegen
+
+
+@intrinsic
+def typed_pointer(typingctx, address, like):
+    pointer_type = types.CPointer(like.dtype)
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer_type))
+    return pointer_type(types.int64, like), codegen
+
+
+def _call_libc(builder, name, args):
+    # By symbol name, resolved when the code is loaded: the cached machine code holds no address.
+    fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * len(args))
+    builder.call(cgutils.get_or_insert_function(builder.module, fnty, name), args)
+
+
+@intrinsic
+def sched_yield(typingctx):
+    def codegen(context, builder, sig, args):
+        _call_libc(builder, "sched_yield", [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def usleep(typingctx, microseconds):
+    def codegen(context, builder, sig, args):
+        _call_libc(builder, "usleep", [builder.trunc(args[0], ir.IntType(32))])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
+
+
+@njit(cache=True, nogil=True)
+def field_address(flags, rank, field):
+    return flags + (FIELDS * rank + field) * 8
+
+
+@njit(cache=True, nogil=True)
+def reached(flags, ranks, field, value):
+    for k in ranks:
+        if load_acquire(field_address(flags, k, field)) < value:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def publish(flags, me, field, value):
+    store_release(field_address(flags, me, field), value)
+
+
+@njit(cache=True, nogil=True)
+def wait(idle):
+    """One more failed check (the idle-th in a row): spin, then yield the core, then nap."""
+    if idle > SPINS + YIELDS:
+        usleep(NAP_US)
+    elif idle > SPINS:
+        sched_yield()
+
+
+@njit(cache=True, nogil=True)
+def view(address, like, count):
+    return carray(typed_pointer(address, like), count)
+
+
+@njit(cache=True, nogil=True)
+def copy(out, data):
+    # An explicit loop: numba's slice assignment into a carray was seen to lose its stores.
+    for i in range(out.shape[0]):
+        out[i] = data[i]
+
+
+@njit(cache=True, nogil=True)
+def combine(acc, data, op):
+    # One loop per op, so that each vectorises; the codes are compiled.OPS's.
+    if op == 0:
+        for i in range(acc.shape[0]):
+            acc[i] += data[i]
+    elif op == 1:
+        for i in range(acc.shape[0]):
+            acc[i] *= data[i]
+    elif op == 2:
+        for i in range(acc.shape[0]):
+            acc[i] = numpy.minimum(acc[i], data[i])
+    else:
+        for i in range(acc.shape[0]):
+            acc[i] = numpy.maximum(acc[i], data[i])
+
+
+BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
+
+
+@njit(cache=True, nogil=True)
+def run(windows, src, dst, me, target, per_cell, base, op):
+    """`shm._Reduction.run` for plain buffers: copy in, reduce and drain group after group.
+
+    windows: int64 [control block address, cell stride, local ranks, input ring addresses..., result
+    ring addresses...]; target: the Reduce's local target, or -1 for an Allreduce; base: seq << 32.
+    """
+    flags, stride, size = windows[0], windows[1], windows[2]
+    inputs, results = windows[3:3 + size], windows[3 + size:3 + 2 * size]
+    n = src.shape[0]
+    item = src.itemsize
+    groups = -(-n // (size * per_cell))
+    peers = numpy.array([k for k in range(size) if k != me], dtype=numpy.int64)
+    reader = target < 0 or target == me
+    other_readers = peers if target < 0 else numpy.array(
+        [k for k in range(size) if k == target and k != me], dtype=numpy.int64)
+    to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my dst
+    # Peers publish their buffers' offsets in a cache line with COPIED = base: cells are shifted to match.
+    idle = 0
+    while not reached(flags, peers, COPIED, base):
+        idle += 1
+        wait(idle)
+    send_shift = numpy.empty(size, dtype=numpy.int64)
+    result_shift = numpy.empty(size, dtype=numpy.int64)
+    for k in range(size):
+        send_shift[k] = load_acquire(field_address(flags, k, SEND_LINE_OFF))
+        result_shift[k] = load_acquire(field_address(flags, k if target < 0 else target, RECV_LINE_OFF))
+    acc = numpy.empty(BLOCK, src.dtype)
+    copied = reduced = 0
+    drained = 0 if reader else groups
+    idle = 0
+    while copied < groups or reduced < groups or drained < groups:
+        can_copy = copied < groups and (copied < DEPTH or reached(flags, peers, REDUCED,
+                                                                  base | (copied - DEPTH + 1)))
+        if can_copy and copied <= reduced:  # peers' reduces wait on my copies: feed them first
+            step = 1
+        elif drained < groups and reached(flags, peers, REDUCED, base | (drained + 1)):
+            step = 3
+        elif reduced < groups and reached(flags, peers, COPIED, base | (reduced + 1)) and (
+                reduced < DEPTH or reached(flags, other_readers, DRAINED, base | (reduced - DEPTH + 1))):
+            step = 2
+        elif can_copy:
+            step = 1
+        else:
+            idle += 1
+            wait(idle)
+            continue
+        idle = 0
+        if step == 1:  # my pieces of the group's chunks, into my input cells
+            slot = copied % DEPTH
+            for j in range(size):
+                lo = (copied * size + j) * per_cell
+                if j != me and lo < n:
+                    hi = min(n, lo + per_cell)
+                    cell = inputs[me] + (slot * size + j) * stride + send_shift[me]
+                    copy(view(cell, src, hi - lo), src[lo:hi])
+            copied += 1
+            publish(flags, me, COPIED, base | copied)
+        elif step == 2:  # my chunk of the group from every rank's input, into my result cell and dst
+            slot = reduced % DEPTH
+            lo = (reduced * size + me) * per_cell
+            if lo < n:
+                hi = min(n, lo + per_cell)
+                out = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
+                for start in range(lo, hi, BLOCK):
+                    stop = min(hi, start + BLOCK)
+                    part = acc[:stop - start]
+                    for k in range(size):  # in local-rank order: the result does not depend on timing
+                        if k == me:
+                            data = src[start:stop]
+                        else:
+                            data = view(inputs[k] + (slot * size + me) * stride + send_shift[k]
+                                        + (start - lo) * item, src, stop - start)
+                        if k == 0:
+                            copy(part, data)
+                        else:
+                            combine(part, data, op)
+                    if to_cell:
+                        copy(out[start - lo:stop - lo], part)
+                    if reader:
+                        copy(dst[start:stop], part)
+            reduced += 1
+            publish(flags, me, REDUCED, base | reduced)
+        else:  # the other owners' results of the group, into my dst
+            slot = drained % DEPTH
+            for j in range(size):
+                lo = (drained * size + j) * per_cell
+                if j != me and lo < n:
+                    hi = min(n, lo + per_cell)
+                    copy(dst[lo:hi], view(results[j] + slot * stride + result_shift[j], src, hi - lo))
+            drained += 1
+            publish(flags, me, DRAINED, base | drained)
