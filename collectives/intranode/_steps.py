@@ -9,6 +9,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from collectives.intranode import compiled
 from collectives.intranode.compiled import NAP_US, SPINS, YIELDS
 from collectives.intranode.shm import COPIED, DEPTH, DRAINED, FIELDS, RECV_LINE_OFF, REDUCED, SEND_LINE_OFF
 
@@ -117,25 +118,50 @@ def combine(acc, data, op):
             acc[i] = numpy.maximum(acc[i], data[i])
 
 
+@njit(cache=True, nogil=True)
+def fold(acc, data, first, op):
+    if first:
+        copy(acc, data)
+    else:
+        combine(acc, data, op)
+
+
 BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
+# What a call does (compiled.MODES): reduce and hand out the result in one pass (an Allreduce, or a Reduce
+# to `target`), only reduce each owner's range into its own dst (a reduce-scatter), or only hand out each
+# owner's range of its dst (an allgather).
+REDUCE, REDUCE_SCATTER, ALLGATHER = 0, 1, 2
+
+
+range_start = njit(cache=True, nogil=True)(compiled.range_start)
 
 
 @njit(cache=True, nogil=True)
-def run(windows, src, dst, me, target, per_cell, base, op):
+def run(windows, src, dst, me, target, per_cell, base, op, mode):
     """`shm._Reduction.run` for plain buffers: copy in, reduce and drain group after group.
 
-    windows: int64 [control block address, cell stride, local ranks, input ring addresses..., result
-    ring addresses...]; target: the Reduce's local target, or -1 for an Allreduce; base: seq << 32.
+    Local rank j owns a contiguous range of the vector (`range_start`); group g is piece g of every
+    range. windows: int64 [control block address, cell stride, local ranks, input ring addresses...,
+    result ring addresses...]; target: the Reduce's local target, or -1 when every rank reads the result;
+    base: seq << 32.
     """
     flags, stride, size = windows[0], windows[1], windows[2]
     inputs, results = windows[3:3 + size], windows[3 + size:3 + 2 * size]
     n = src.shape[0]
     item = src.itemsize
-    groups = -(-n // (size * per_cell))
+    starts = numpy.array([range_start(j, n, size, item) for j in range(size + 1)], dtype=numpy.int64)
+    longest = 0
+    for j in range(size):
+        longest = max(longest, starts[j + 1] - starts[j])
+    groups = -(-longest // per_cell)
     peers = numpy.array([k for k in range(size) if k != me], dtype=numpy.int64)
     reader = target < 0 or target == me
-    other_readers = peers if target < 0 else numpy.array(
-        [k for k in range(size) if k == target and k != me], dtype=numpy.int64)
+    if mode == REDUCE_SCATTER:
+        other_readers = peers[:0]
+    elif target < 0:
+        other_readers = peers
+    else:
+        other_readers = numpy.array([k for k in range(size) if k == target and k != me], dtype=numpy.int64)
     to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my dst
     # Peers publish their buffers' offsets in a cache line with COPIED = base: cells are shifted to match.
     idle = 0
@@ -148,8 +174,9 @@ def run(windows, src, dst, me, target, per_cell, base, op):
         send_shift[k] = load_acquire(field_address(flags, k, SEND_LINE_OFF))
         result_shift[k] = load_acquire(field_address(flags, k if target < 0 else target, RECV_LINE_OFF))
     acc = numpy.empty(BLOCK, src.dtype)
-    copied = reduced = 0
-    drained = 0 if reader else groups
+    copied = groups if mode == ALLGATHER else 0
+    reduced = 0
+    drained = 0 if reader and mode != REDUCE_SCATTER else groups
     idle = 0
     while copied < groups or reduced < groups or drained < groups:
         can_copy = copied < groups and (copied < DEPTH or reached(flags, peers, REDUCED,
@@ -158,7 +185,7 @@ def run(windows, src, dst, me, target, per_cell, base, op):
             step = 1
         elif drained < groups and reached(flags, peers, REDUCED, base | (drained + 1)):
             step = 3
-        elif reduced < groups and reached(flags, peers, COPIED, base | (reduced + 1)) and (
+        elif reduced < groups and (mode == ALLGATHER or reached(flags, peers, COPIED, base | (reduced + 1))) and (
                 reduced < DEPTH or reached(flags, other_readers, DRAINED, base | (reduced - DEPTH + 1))):
             step = 2
         elif can_copy:
@@ -171,44 +198,43 @@ def run(windows, src, dst, me, target, per_cell, base, op):
         if step == 1:  # my pieces of the group's chunks, into my input cells
             slot = copied % DEPTH
             for j in range(size):
-                lo = (copied * size + j) * per_cell
-                if j != me and lo < n:
-                    hi = min(n, lo + per_cell)
+                lo = starts[j] + copied * per_cell
+                hi = min(starts[j + 1], lo + per_cell)
+                if j != me and lo < hi:
                     cell = inputs[me] + (slot * size + j) * stride + send_shift[me]
                     copy(view(cell, src, hi - lo), src[lo:hi])
             copied += 1
             publish(flags, me, COPIED, base | copied)
-        elif step == 2:  # my chunk of the group from every rank's input, into my result cell and dst
+        elif step == 2:  # my piece of the group from every rank's input, into my result cell and dst
             slot = reduced % DEPTH
-            lo = (reduced * size + me) * per_cell
-            if lo < n:
-                hi = min(n, lo + per_cell)
+            lo = starts[me] + reduced * per_cell
+            hi = min(starts[me + 1], lo + per_cell)
+            if lo < hi:
                 out = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
                 for start in range(lo, hi, BLOCK):
                     stop = min(hi, start + BLOCK)
-                    part = acc[:stop - start]
-                    for k in range(size):  # in local-rank order: the result does not depend on timing
-                        if k == me:
-                            data = src[start:stop]
-                        else:
-                            data = view(inputs[k] + (slot * size + me) * stride + send_shift[k]
-                                        + (start - lo) * item, src, stop - start)
-                        if k == 0:
-                            copy(part, data)
-                        else:
-                            combine(part, data, op)
+                    if mode == ALLGATHER:
+                        part = dst[start:stop]
+                    else:
+                        part = acc[:stop - start]
+                        for k in range(size):  # in local-rank order: the result does not depend on timing
+                            if k == me:  # (two calls: a read-only src and a cell are different types)
+                                fold(part, src[start:stop], k == 0, op)
+                            else:
+                                fold(part, view(inputs[k] + (slot * size + me) * stride + send_shift[k]
+                                                + (start - lo) * item, src, stop - start), k == 0, op)
+                        if reader:
+                            copy(dst[start:stop], part)
                     if to_cell:
                         copy(out[start - lo:stop - lo], part)
-                    if reader:
-                        copy(dst[start:stop], part)
             reduced += 1
             publish(flags, me, REDUCED, base | reduced)
         else:  # the other owners' results of the group, into my dst
             slot = drained % DEPTH
             for j in range(size):
-                lo = (drained * size + j) * per_cell
-                if j != me and lo < n:
-                    hi = min(n, lo + per_cell)
+                lo = starts[j] + drained * per_cell
+                hi = min(starts[j + 1], lo + per_cell)
+                if j != me and lo < hi:
                     copy(dst[lo:hi], view(results[j] + slot * stride + result_shift[j], src, hi - lo))
             drained += 1
             publish(flags, me, DRAINED, base | drained)

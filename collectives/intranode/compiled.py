@@ -15,6 +15,7 @@ import numpy
 # The ops this loop computes: those defined for every numeric dtype numba handles (bitwise and logical ops,
 # and float16, which numba cannot compute on the CPU, stay on the interpreted path).
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2}  # see _steps.run
 CELL_BYTES = 128 << 10  # the largest cell it uses (measured: 64 KiB and 256 KiB ran slower at 1-16 MiB)
 SPINS = 64  # checks before the first sched_yield: about a microsecond compiled
 YIELDS = 2000  # then 20 us naps, like wait.py
@@ -29,10 +30,22 @@ def handles(op, dtype):
     return dtype.kind != "c" or op in ("sum", "prod")
 
 
-def run(windows, src, dst, op, target, base):
-    """One rank's part of a node reduce (`target` -1: an Allreduce) over `windows`' counters and cells,
-    once it has published COPIED = `base` (seq << 32) with its buffers' line offsets."""
+def range_start(j, n, size, item):
+    """First element of local rank j's range of an n-vector (n for j = size): the ranges are as even as
+    cache-line boundaries allow, so cells can keep the buffers' alignment. Compiled too, by _steps."""
+    if j >= size:
+        return n
+    line = max(1, 64 // item)
+    return min(n, (j * n // size) // line * line)
+
+
+def run(windows, src, dst, op, target, base, mode="reduce"):
+    """One rank's part of a node call over `windows`' counters and cells, once it has published
+    COPIED = `base` (seq << 32) with its buffers' line offsets. `mode` is one of MODES; `target` is a
+    Reduce's local target, -1 when every rank reads the result; an allgather reads `dst` only."""
     from collectives.intranode._steps import run as compiled_run
+    if mode == "allgather":
+        src = dst
     per_cell = max(1, min(windows.cell_bytes, CELL_BYTES) // src.dtype.itemsize)
     compiled_run(windows.step_windows, src, src[:0] if dst is None else dst, windows.local_rank, target,
-                 per_cell, base, OPS[op])
+                 per_cell, base, OPS.get(op, 0), MODES[mode])

@@ -200,21 +200,40 @@ class SharedWindows:
         self._reduce(src, dst, op, readers=list(range(self.local_size)), across=across)
 
     def _reduce(self, src, dst, op, readers, across=None):
-        # Without alloc windows (collective, so on no rank of the node) every buffer is plain, and every
-        # rank takes the same path without asking the others. A two-rank Reduce gathers (see _Reduction).
-        if (across is None and not self._alloc_wins and compiled.handles(op, src.dtype)
-                and not (len(readers) == 1 and self.local_size == 2)):
-            self._reduce_compiled(src, dst, op, readers)
+        # A two-rank Reduce gathers (see _Reduction), which the compiled loop does not do.
+        if across is None and self.compiled_applies(op, src.dtype) and not (len(readers) == 1 and self.local_size == 2):
+            self._run_compiled(src, dst, op, readers[0] if len(readers) == 1 else -1, "reduce")
         else:
             _Reduction(self, src, dst, op, readers, across).run()
-        self.finish()
+            self.finish()
 
-    def _reduce_compiled(self, src, dst, op, readers):
+    def compiled_applies(self, op, dtype):
+        """Whether node calls on (op, dtype) run the compiled loop. Only without alloc windows (collective,
+        so on no rank of the node): then every buffer is plain, and every rank decides alike alone."""
+        return not self._alloc_wins and compiled.handles(op, dtype)
+
+    def reduce_scatter(self, src, dst, op):
+        """Reduce every local rank's `src` into my `owned_range` of my `dst`; the rest of `dst` is untouched.
+        Only where compiled_applies."""
+        self._run_compiled(src, dst, op, -1, "reduce_scatter")
+
+    def allgather(self, buf):
+        """Copy each local rank's `owned_range` of its `buf` into every local rank's `buf`.
+        Only where compiled_applies (any op)."""
+        self._run_compiled(buf, buf, "sum", -1, "allgather")
+
+    def owned_range(self, n, dtype):
+        """(lo, hi): the elements of an n-vector whose reduce-scatter result lands on this local rank."""
+        item = numpy.dtype(dtype).itemsize
+        return tuple(compiled.range_start(j, n, self.local_size, item) for j in (self.local_rank, self.local_rank + 1))
+
+    def _run_compiled(self, src, dst, op, target, mode):
         base = self.begin()
         self.set_field(SEND_LINE_OFF, _line_offset(src))
         self.set_field(RECV_LINE_OFF, _line_offset(dst))
         self._publish(COPIED, base)  # the offsets are readable
-        compiled.run(self, src, dst, op, readers[0] if len(readers) == 1 else -1, base)
+        compiled.run(self, src, dst, op, target, base, mode)
+        self.finish()
 
     # -- broadcast ----------------------------------------------------------------------------------
     def bcast(self, buf, source, produce=None):
