@@ -47,5 +47,7 @@ def run(windows, src, dst, op, target, base, mode="reduce"):
     if mode == "allgather":
         src = dst
     per_cell = max(1, min(windows.cell_bytes, CELL_BYTES) // src.dtype.itemsize)
-    compiled_run(windows.step_windows, src, src[:0] if dst is None else dst, windows.local_rank, target,
-                 per_cell, base, OPS.get(op, 0), MODES[mode])
+    # A Reduce's other ranks have no dst: an empty writable one, since src may be read-only.
+    dst = numpy.empty(0, src.dtype) if dst is None else dst
+    compiled_run(windows.step_windows, src, dst, windows.local_rank, target, per_cell, base, OPS.get(op, 0),
+                 MODES[mode])

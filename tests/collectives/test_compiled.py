@@ -1,0 +1,35 @@
+"""The compiled node loop: its choice of ops and dtypes, the owner ranges it cuts, and (in workers) that
+plain-buffer calls take it and give numpy's exact results on one node and across simulated nodes."""
+import numpy
+import pytest
+
+from collectives.intranode import compiled
+from mpi_harness import run_ok
+
+
+def test_handles_the_arithmetic_ops_on_numeric_dtypes():
+    assert compiled.handles("sum", numpy.float32) and compiled.handles("prod", numpy.complex128)
+    assert compiled.handles("min", numpy.uint8) and compiled.handles("max", numpy.int64)
+    assert not compiled.handles("max", numpy.complex64)  # MPI defines no order on complex numbers
+    assert not compiled.handles("sum", numpy.float16)  # numba cannot compute float16 on the CPU
+    assert not compiled.handles("band", numpy.int32) and not compiled.handles("land", numpy.int32)
+    assert not compiled.handles("sum", numpy.bool_)
+
+
+@pytest.mark.parametrize("item", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 8])
+def test_owner_ranges_cover_the_vector_on_line_boundaries(size, item):
+    line = max(1, 64 // item)
+    for n in (0, 1, 5, 63, 64, 1000, 4097, 100003):
+        starts = [compiled.range_start(j, n, size, item) for j in range(size + 1)]
+        assert starts[0] == 0 and starts[-1] == n
+        assert all(a <= b for a, b in zip(starts, starts[1:]))
+        assert all(s % line == 0 for s in starts[:-1])
+        lengths = [b - a for a, b in zip(starts, starts[1:])]
+        assert max(lengths) - min(lengths) <= 2 * line  # each end rounded down by less than a line
+
+
+@pytest.mark.parametrize("ranks,per_node,cell", [(2, None, None), (3, None, 2048), (4, 2, None), (6, 3, 2048)])
+def test_plain_buffers_take_the_compiled_loop(ranks, per_node, cell):
+    env = {"SCAFFE_REDUCE_ALGO": "hierarchical", "SCAFFE_RANKS_PER_NODE": per_node, "SCAFFE_SHM_CHUNK_BYTES": cell}
+    run_ok(ranks, "compiled_path.py", env=env, timeout=120)
