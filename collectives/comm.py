@@ -260,8 +260,10 @@ class Comm(MPI.Intracomm):
         if call is None:
             return None
         _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
-        name = algorithms.select(call.kind, call.nbytes, self.forced, self.several_nodes) if call.computed else "native"
         dtype = (call.send if call.send is not None else call.recv).dtype
+        compiled = call.op_name is not None and self.shm.compiled_applies(call.op_name, dtype)
+        name = (algorithms.select(call.kind, call.nbytes, self.forced, self.several_nodes, compiled)
+                if call.computed else "native")
         if name == "native" and call.computed and not native_reduces(dtype):
             name = "tree"
         if name == "native":

@@ -68,8 +68,8 @@ def main():
         for rank, host, local, gpu, gpus in everyone:
             where = f"GPU {gpu} of {gpus}" if gpu is not None else "no GPU"
             print(f"rank {rank}: host {host}, local rank {local}, {where}")
-        print("algorithm by message size (SCAFFE_REDUCE_ALGO overrides):")
-        for nbytes in (4, 256 << 10, 1 << 20, 64 << 20):
+        print("algorithm by message size, for a sum of float32 (SCAFFE_REDUCE_ALGO overrides):")
+        for nbytes in (4, 64 << 10, 256 << 10, 1 << 20, 64 << 20):
             chosen = ", ".join(f"{kind} {algorithms.select(kind, nbytes, comm.forced, comm.several_nodes)}"
                                for kind in ("reduce", "allreduce", "bcast"))
             print(f"  {nbytes:>10} B: {chosen}")

@@ -18,28 +18,35 @@ _ALGORITHMS = {
 }
 _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
-# kind -> smallest message in bytes that leaves native MPI, (on one node, across several nodes). Below
-# it MPI's latency-tuned paths win: a call through the shared-memory cells costs about 35-50 us of Python
-# and synchronisation on 2 ranks (150-200 us on 4 ranks sharing 2 cores) before any data moves. Measured
-# with perf/osu_*.py --impl both on MPICH, ratio native/scaffe:
-#   Reduce, one node: 64 KiB 0.63-0.76, 128 KiB 1.29-1.96 (2 and 4 ranks); across nodes of 2 ranks:
-#     128 KiB 0.75-0.92, 256 KiB 2.2 (4 and 8 ranks).
-#   Allreduce, one node: 128 KiB 1.14-1.20 but 256 KiB 0.86-0.96 (MPICH changes algorithm there), 512 KiB
-#     1.04-1.17, 1 MiB 1.46-1.60. Across nodes the same threshold.
+# kind -> smallest message in bytes that leaves native MPI, (on one node, across several nodes), for calls
+# that the compiled node loop runs (plain buffers, sum/prod/min/max, numba's dtypes; see
+# collectives/intranode/compiled.py). Below it MPI's latency-tuned paths win: a call through the
+# shared-memory cells costs about 35 us of Python and synchronisation on 2 ranks before any data moves
+# (about 70 us before the loop was compiled). Measured with perf/osu_*.py --impl both on MPICH, forcing
+# SCAFFE_REDUCE_ALGO=hierarchical, ratio native/scaffe:
+#   Reduce, one node: 64 KiB 0.46-0.78, 128 KiB 1.43-1.85 on 2 ranks (which gather, uncompiled), 64 KiB
+#     1.10-1.40 on 4; across nodes of 2 ranks: 128 KiB 0.75-0.92, 256 KiB 2.2 (4 and 8 ranks).
+#   Allreduce, one node: 32 KiB 0.59-0.83, 64 KiB 1.19-1.35 (2 and 4 ranks); across nodes of 2 ranks:
+#     512 KiB 0.59-0.90, 1 MiB 0.66-0.97, 2 MiB 0.94-1.10 (4 and 8 ranks), so from 1 MiB.
 # None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH's broadcast already runs
 # at this machine's memory bandwidth, which a two-copy stream through shared cells cannot beat: measured
 # 0.45-0.72x of native from 1 to 64 MiB on 2 ranks (perf/osu_bcast.py), and a bare two-process cell
 # ring with no Python around it only reached parity.
 SELECTION = {
     "reduce": (128 << 10, 256 << 10),
-    "allreduce": (512 << 10, 512 << 10),
+    "allreduce": (64 << 10, 1 << 20),
     "bcast": (None, None),
 }
+# Calls the interpreted loop runs (alloc buffers, bitwise and logical ops, float16) leave native MPI from
+# here at the earliest: measured for Allreduce on one node, 256 KiB 0.86-0.96, 512 KiB 1.04-1.17.
+INTERPRETED_FROM = 512 << 10
 
 
-def threshold(kind, several_nodes):
-    """Smallest message of `kind` that leaves native MPI, or None when it never does by default."""
-    return SELECTION[kind][1 if several_nodes else 0]
+def threshold(kind, several_nodes, compiled=True):
+    """Smallest message of `kind` that leaves native MPI, or None when it never does by default;
+    `compiled`: whether the node loop of the call is the compiled one."""
+    below = SELECTION[kind][1 if several_nodes else 0]
+    return below if below is None or compiled else max(below, INTERPRETED_FROM)
 
 
 def names():
@@ -56,11 +63,11 @@ def forced():
     return name
 
 
-def select(kind, nbytes, override=None, several_nodes=False):
+def select(kind, nbytes, override=None, several_nodes=False, compiled=True):
     """Name of the algorithm for a `kind` collective of `nbytes` (override: SCAFFE_REDUCE_ALGO's value)."""
     if override is not None:
         return override
-    below = threshold(kind, several_nodes)
+    below = threshold(kind, several_nodes, compiled)
     return "native" if below is None or nbytes < below else "hierarchical"
 
 

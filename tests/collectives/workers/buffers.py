@@ -12,9 +12,9 @@ from mpi4py import MPI
 
 from worker_util import Worker, contribution, expected_reduction
 
-# Above every entry of the selection table for 4-byte elements (Reduce 256 KiB, Allreduce 512 KiB),
+# Above every entry of the selection table for 4-byte elements (Reduce 256 KiB, Allreduce 1 MiB),
 # and not a multiple of any chunk, so the default selection leaves native MPI too.
-N = 140001
+N = 270001
 
 
 def inputs(w, op, dtype, n, seed):

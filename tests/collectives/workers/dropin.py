@@ -9,7 +9,7 @@ from mpi4py import MPI
 import collectives
 from worker_util import Worker, contribution, expected_reduction
 
-N = 140001  # large enough to leave native MPI under the default selection
+N = 270001  # large enough to leave native MPI under the default selection
 
 
 def check_identity(w):

@@ -13,7 +13,7 @@ from mpi4py import MPI
 import collectives
 from worker_util import Worker
 
-BIG = 140001  # above every selection threshold, so without the check the ranks would pick different algorithms
+BIG = 270001  # above every selection threshold, so without the check the ranks would pick different algorithms
 
 
 def cases(rank, size):
