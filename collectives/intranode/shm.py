@@ -19,6 +19,8 @@ whose other rank copies its input in lets the target combine every chunk itself 
 Allreduce whose receive buffers all live in shared memory has the owners write every rank's buffer.
 
 Inputs are combined in local-rank order, so for a fixed topology the result is bitwise reproducible.
+On a node without alloc windows the same steps run compiled (`compiled.py`) for the ops and dtypes numba
+computes; this module's `_Reduction` runs everything else.
 Buffers from `alloc` live in shared memory already: peers read such a send buffer in place (its owner
 skips the copy-in) and owners reduce straight into a Reduce target's such receive buffer (the target
 skips the copy-out).
