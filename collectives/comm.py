@@ -64,12 +64,13 @@ class _FastPath:
     wrong, and an (op, dtype) pair must have passed the full validation once before.
     """
 
-    __slots__ = ("rank", "size", "pairs", "reduce_below", "allreduce_below")
+    __slots__ = ("rank", "size", "pairs", "reduce_below", "allreduce_below", "bcast_native")
 
     def __init__(self, rank, size, pairs, several_nodes):
         self.rank, self.size, self.pairs = rank, size, pairs
         self.reduce_below = algorithms.threshold("reduce", several_nodes)
         self.allreduce_below = algorithms.threshold("allreduce", several_nodes)
+        self.bcast_native = algorithms.threshold("bcast", several_nodes) is None  # at every size
 
     def reduce_ok(self, sendbuf, recvbuf, op, root):
         return (0 <= root < self.size
@@ -85,6 +86,14 @@ class _FastPath:
             if not (flags.c_contiguous and flags.writeable) or recvbuf.dtype != sendbuf.dtype:
                 return False
         return (op.py2f(), sendbuf.dtype.num) in self.pairs
+
+    def bcast_ok(self, buf, root):
+        # A Bcast that goes native at every size skips the full validation (measured: 3-6% of a 4-16
+        # MiB broadcast on 2 ranks, where the root's delay holds the other rank up).
+        if not self.bcast_native or type(buf) is not numpy.ndarray or not 0 <= root < self.size:
+            return False
+        flags = buf.flags
+        return flags.c_contiguous and (flags.writeable or self.rank == root) and (None, buf.dtype.num) in self.pairs
 
 
 class Comm(MPI.Intracomm):
@@ -125,7 +134,8 @@ class Comm(MPI.Intracomm):
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-        self._native_pairs = set()  # (op handle, dtype number) pairs already validated for the native path
+        # (op handle, dtype number) pairs already validated for the native path; op None: a Bcast's
+        self._native_pairs = set()
         # Everything the latency path reads, in one object: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
         self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs, self.several_nodes)
@@ -271,6 +281,8 @@ class Comm(MPI.Intracomm):
                 return _NATIVE_ON_HOST
             if call.send is not None:
                 self._native_pairs.add((call.op.py2f(), call.send.dtype.num))
+            elif call.kind == "bcast":
+                self._native_pairs.add((None, call.recv.dtype.num))
             return None
         run = algorithms.get(name, call.kind)
         work = lambda: run(self, call)  # noqa: E731
@@ -344,6 +356,9 @@ class Comm(MPI.Intracomm):
             MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
 
     def Bcast(self, buf, root=0, stream=None):
+        fast = self._fast
+        if fast is not None and fast.bcast_ok(buf, root):
+            return MPI.Intracomm.Bcast(self, buf, root)
         if not self._run(self._broadcast(buf, root), stream):
             MPI.Intracomm.Bcast(self, buf, root)
 
