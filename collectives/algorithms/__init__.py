@@ -24,8 +24,9 @@ _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 # shared-memory cells costs about 35 us of Python and synchronisation on 2 ranks before any data moves
 # (about 70 us before the loop was compiled). Measured with perf/osu_*.py --impl both on MPICH, forcing
 # SCAFFE_REDUCE_ALGO=hierarchical, ratio native/scaffe:
-#   Reduce, one node: 64 KiB 0.46-0.78, 128 KiB 1.43-1.85 on 2 ranks (which gather, uncompiled), 64 KiB
-#     1.10-1.40 on 4; across nodes of 2 ranks: 128 KiB 0.75-0.92, 256 KiB 2.2 (4 and 8 ranks).
+#   Reduce, one node: 64 KiB 1.16-1.18 forced but 0.94-1.14 by default, 128 KiB 1.63-2.03 on 2 ranks
+#     (compiled gather), 64 KiB 1.10-1.40 on 4; across nodes of 2 ranks: 128 KiB 0.75-0.92, 256 KiB 2.2
+#     (4 and 8 ranks).
 #   Allreduce, one node: 32 KiB 0.59-0.83, 64 KiB 1.19-1.35 (2 and 4 ranks); across nodes of 2 ranks:
 #     512 KiB 0.59-0.90, 1 MiB 0.66-0.97, 2 MiB 0.94-1.10 (4 and 8 ranks), so from 1 MiB.
 # None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise. MPICH's broadcast already runs
@@ -38,15 +39,16 @@ SELECTION = {
     "bcast": (None, None),
 }
 # Calls the interpreted loop runs (alloc buffers, bitwise and logical ops, float16) leave native MPI from
-# here at the earliest: measured for Allreduce on one node, 256 KiB 0.86-0.96, 512 KiB 1.04-1.17.
-INTERPRETED_FROM = 512 << 10
+# here at the earliest: measured on one node, Reduce 64 KiB 0.63-0.76, 128 KiB 1.29-1.96; Allreduce
+# 256 KiB 0.86-0.96, 512 KiB 1.04-1.17.
+INTERPRETED_FROM = {"reduce": 128 << 10, "allreduce": 512 << 10}
 
 
 def threshold(kind, several_nodes, compiled=True):
     """Smallest message of `kind` that leaves native MPI, or None when it never does by default;
     `compiled`: whether the node loop of the call is the compiled one."""
     below = SELECTION[kind][1 if several_nodes else 0]
-    return below if below is None or compiled else max(below, INTERPRETED_FROM)
+    return below if below is None or compiled else max(below, INTERPRETED_FROM[kind])
 
 
 def names():

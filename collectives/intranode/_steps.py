@@ -128,9 +128,10 @@ def fold(acc, data, first, op):
 
 BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
 # What a call does (compiled.MODES): reduce and hand out the result in one pass (an Allreduce, or a Reduce
-# to `target`), only reduce each owner's range into its own dst (a reduce-scatter), or only hand out each
-# owner's range of its dst (an allgather).
-REDUCE, REDUCE_SCATTER, ALLGATHER = 0, 1, 2
+# to `target`), only reduce each owner's range into its own dst (a reduce-scatter), only hand out each
+# owner's range of its dst (an allgather), or a Reduce whose target owns the whole vector (a gather: the
+# other ranks only copy in, and nothing is copied out).
+REDUCE, REDUCE_SCATTER, ALLGATHER, GATHER = 0, 1, 2, 3
 
 
 range_start = njit(cache=True, nogil=True)(compiled.range_start)
@@ -149,14 +150,17 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
     inputs, results = windows[3:3 + size], windows[3 + size:3 + 2 * size]
     n = src.shape[0]
     item = src.itemsize
-    starts = numpy.array([range_start(j, n, size, item) for j in range(size + 1)], dtype=numpy.int64)
+    if mode == GATHER:
+        starts = numpy.array([0 if j <= target else n for j in range(size + 1)], dtype=numpy.int64)
+    else:
+        starts = numpy.array([range_start(j, n, size, item) for j in range(size + 1)], dtype=numpy.int64)
     longest = 0
     for j in range(size):
         longest = max(longest, starts[j + 1] - starts[j])
     groups = -(-longest // per_cell)
     peers = numpy.array([k for k in range(size) if k != me], dtype=numpy.int64)
     reader = target < 0 or target == me
-    if mode == REDUCE_SCATTER:
+    if mode == REDUCE_SCATTER or mode == GATHER:  # owners write only their own dst
         other_readers = peers[:0]
     elif target < 0:
         other_readers = peers
@@ -176,7 +180,7 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
     acc = numpy.empty(BLOCK, src.dtype)
     copied = groups if mode == ALLGATHER else 0
     reduced = 0
-    drained = 0 if reader and mode != REDUCE_SCATTER else groups
+    drained = 0 if reader and mode != REDUCE_SCATTER and mode != GATHER else groups
     idle = 0
     while copied < groups or reduced < groups or drained < groups:
         can_copy = copied < groups and (copied < DEPTH or reached(flags, peers, REDUCED,

@@ -21,7 +21,12 @@ import numpy
 # The ops this loop computes: those defined for every numeric dtype numba handles (bitwise and logical ops,
 # and float16, which numba cannot compute on the CPU, stay on the interpreted path).
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
-MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2}  # see _steps.run
+MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2, "gather": 3}  # see _steps.run
+# A two-rank Reduce gathers compiled below this many bytes and interpreted from it. OSU ratios native/scaffe,
+# compiled against interpreted: 64 KiB 1.50-1.53 against 0.46-0.78, 512 KiB 5.6-7.7 against 6.5-9.1, 1 MiB
+# 6.4-6.6 against 7.8-9.4, 8-64 MiB 5.4-6.5 against 9.0-11.0 (why the compiled gather falls behind on
+# large messages is not known yet).
+GATHER_BELOW = 1 << 20
 CELL_BYTES = 128 << 10  # the largest cell it uses (64 and 256 KiB measured the same within noise)
 SPINS = 64  # checks before the first sched_yield: about a microsecond compiled
 YIELDS = 2000  # then 20 us naps, like wait.py

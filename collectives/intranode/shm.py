@@ -202,9 +202,10 @@ class SharedWindows:
         self._reduce(src, dst, op, readers=list(range(self.local_size)), across=across)
 
     def _reduce(self, src, dst, op, readers, across=None):
-        # A two-rank Reduce gathers (see _Reduction), which the compiled loop does not do.
-        if across is None and self.compiled_applies(op, src.dtype) and not (len(readers) == 1 and self.local_size == 2):
-            self._run_compiled(src, dst, op, readers[0] if len(readers) == 1 else -1, "reduce")
+        gather = len(readers) == 1 and self.local_size == 2  # as in _Reduction, whose buffers are plain here
+        if (across is None and self.compiled_applies(op, src.dtype)
+                and not (gather and src.nbytes >= compiled.GATHER_BELOW)):
+            self._run_compiled(src, dst, op, readers[0] if len(readers) == 1 else -1, "gather" if gather else "reduce")
         else:
             _Reduction(self, src, dst, op, readers, across).run()
             self.finish()
