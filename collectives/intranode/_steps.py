@@ -10,8 +10,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from collectives.intranode import compiled
-from collectives.intranode.compiled import NAP_US, SPINS, YIELDS
-from collectives.intranode.shm import COPIED, DEPTH, DRAINED, FIELDS, RECV_LINE_OFF, REDUCED, SEND_LINE_OFF
+
+# numba's on-disk cache is keyed by this file alone: a constant imported from another module would stay
+# frozen in the cached code after that module changed. So the control block's layout (shm.py's) arrives
+# at run time, in `windows`, and only constants of this file are compiled in.
+SPINS = 64  # failed checks before the first sched_yield: about a microsecond
+YIELDS = 2000  # then naps, as in wait.py
+NAP_US = 20
 
 
 @intrinsic
@@ -63,21 +68,21 @@ def usleep(typingctx, microseconds):
 
 
 @njit(cache=True, nogil=True)
-def field_address(flags, rank, field):
-    return flags + (FIELDS * rank + field) * 8
+def field_address(flags, row, rank, field):
+    return flags + (row * rank + field) * 8
 
 
 @njit(cache=True, nogil=True)
-def reached(flags, ranks, field, value):
+def reached(flags, row, ranks, field, value):
     for k in ranks:
-        if load_acquire(field_address(flags, k, field)) < value:
+        if load_acquire(field_address(flags, row, k, field)) < value:
             return False
     return True
 
 
 @njit(cache=True, nogil=True)
-def publish(flags, me, field, value):
-    store_release(field_address(flags, me, field), value)
+def publish(flags, row, me, field, value):
+    store_release(field_address(flags, row, me, field), value)
 
 
 @njit(cache=True, nogil=True)
@@ -142,12 +147,15 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
     """`shm._Reduction.run` for plain buffers: copy in, reduce and drain group after group.
 
     Local rank j owns a contiguous range of the vector (`range_start`); group g is piece g of every
-    range. windows: int64 [control block address, cell stride, local ranks, input ring addresses...,
-    result ring addresses...]; target: the Reduce's local target, or -1 when every rank reads the result;
-    base: seq << 32.
+    range. windows: int64 [control block address, cell stride, local ranks, fields per rank, ring depth,
+    the field numbers COPIED, REDUCED, DRAINED, SEND_LINE_OFF, RECV_LINE_OFF, input ring addresses...,
+    result ring addresses...] (SharedWindows.step_windows); target: the Reduce's local target, or -1 when
+    every rank reads the result; base: seq << 32.
     """
-    flags, stride, size = windows[0], windows[1], windows[2]
-    inputs, results = windows[3:3 + size], windows[3 + size:3 + 2 * size]
+    flags, stride, size, row, depth = windows[0], windows[1], windows[2], windows[3], windows[4]
+    copied_field, reduced_field, drained_field, send_line, recv_line = (windows[5], windows[6], windows[7],
+                                                                        windows[8], windows[9])
+    inputs, results = windows[10:10 + size], windows[10 + size:10 + 2 * size]
     n = src.shape[0]
     item = src.itemsize
     if mode == GATHER:
@@ -167,30 +175,31 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
     else:
         other_readers = numpy.array([k for k in range(size) if k == target and k != me], dtype=numpy.int64)
     to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my dst
-    # Peers publish their buffers' offsets in a cache line with COPIED = base: cells are shifted to match.
+    # Peers publish their buffers' line offsets with COPIED = base: cells are shifted to match.
     idle = 0
-    while not reached(flags, peers, COPIED, base):
+    while not reached(flags, row, peers, copied_field, base):
         idle += 1
         wait(idle)
     send_shift = numpy.empty(size, dtype=numpy.int64)
     result_shift = numpy.empty(size, dtype=numpy.int64)
     for k in range(size):
-        send_shift[k] = load_acquire(field_address(flags, k, SEND_LINE_OFF))
-        result_shift[k] = load_acquire(field_address(flags, k if target < 0 else target, RECV_LINE_OFF))
+        send_shift[k] = load_acquire(field_address(flags, row, k, send_line))
+        result_shift[k] = load_acquire(field_address(flags, row, k if target < 0 else target, recv_line))
     acc = numpy.empty(BLOCK, src.dtype)
     copied = groups if mode == ALLGATHER else 0
     reduced = 0
     drained = 0 if reader and mode != REDUCE_SCATTER and mode != GATHER else groups
     idle = 0
     while copied < groups or reduced < groups or drained < groups:
-        can_copy = copied < groups and (copied < DEPTH or reached(flags, peers, REDUCED,
-                                                                  base | (copied - DEPTH + 1)))
+        can_copy = copied < groups and (copied < depth or reached(flags, row, peers, reduced_field,
+                                                                  base | (copied - depth + 1)))
         if can_copy and copied <= reduced:  # peers' reduces wait on my copies: feed them first
             step = 1
-        elif drained < groups and reached(flags, peers, REDUCED, base | (drained + 1)):
+        elif drained < groups and reached(flags, row, peers, reduced_field, base | (drained + 1)):
             step = 3
-        elif reduced < groups and (mode == ALLGATHER or reached(flags, peers, COPIED, base | (reduced + 1))) and (
-                reduced < DEPTH or reached(flags, other_readers, DRAINED, base | (reduced - DEPTH + 1))):
+        elif reduced < groups and (
+                mode == ALLGATHER or reached(flags, row, peers, copied_field, base | (reduced + 1))) and (
+                reduced < depth or reached(flags, row, other_readers, drained_field, base | (reduced - depth + 1))):
             step = 2
         elif can_copy:
             step = 1
@@ -200,7 +209,7 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
             continue
         idle = 0
         if step == 1:  # my pieces of the group's chunks, into my input cells
-            slot = copied % DEPTH
+            slot = copied % depth
             for j in range(size):
                 lo = starts[j] + copied * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
@@ -208,9 +217,9 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
                     cell = inputs[me] + (slot * size + j) * stride + send_shift[me]
                     copy(view(cell, src, hi - lo), src[lo:hi])
             copied += 1
-            publish(flags, me, COPIED, base | copied)
+            publish(flags, row, me, copied_field, base | copied)
         elif step == 2:  # my piece of the group from every rank's input, into my result cell and dst
-            slot = reduced % DEPTH
+            slot = reduced % depth
             lo = starts[me] + reduced * per_cell
             hi = min(starts[me + 1], lo + per_cell)
             if lo < hi:
@@ -232,13 +241,13 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
                     if to_cell:
                         copy(out[start - lo:stop - lo], part)
             reduced += 1
-            publish(flags, me, REDUCED, base | reduced)
+            publish(flags, row, me, reduced_field, base | reduced)
         else:  # the other owners' results of the group, into my dst
-            slot = drained % DEPTH
+            slot = drained % depth
             for j in range(size):
                 lo = starts[j] + drained * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
                 if j != me and lo < hi:
                     copy(dst[lo:hi], view(results[j] + slot * stride + result_shift[j], src, hi - lo))
             drained += 1
-            publish(flags, me, DRAINED, base | drained)
+            publish(flags, row, me, drained_field, base | drained)

@@ -28,9 +28,6 @@ MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2, "gather": 3}  # see _
 # large messages is not known yet).
 GATHER_BELOW = 1 << 20
 CELL_BYTES = 128 << 10  # the largest cell it uses (64 and 256 KiB measured the same within noise)
-SPINS = 64  # checks before the first sched_yield: about a microsecond compiled
-YIELDS = 2000  # then 20 us naps, like wait.py
-NAP_US = 20
 
 
 def handles(op, dtype):

@@ -107,8 +107,10 @@ class SharedWindows:
         self.inputs = [seg[:inputs_bytes] for seg in segments]
         self.results = [seg[inputs_bytes:] for seg in segments]
         # What the compiled loop needs to find the counters and cells (see compiled.run).
-        self.step_windows = numpy.array([MPI.buffer(mem).address, self._stride, self.local_size]
-                                        + [_address(ring) for ring in self.inputs + self.results], dtype=numpy.int64)
+        self.step_windows = numpy.array(
+            [MPI.buffer(mem).address, self._stride, self.local_size, FIELDS, DEPTH,
+             COPIED, REDUCED, DRAINED, SEND_LINE_OFF, RECV_LINE_OFF]
+            + [_address(ring) for ring in self.inputs + self.results], dtype=numpy.int64)
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         node_comm.Barrier()
