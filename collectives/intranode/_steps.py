@@ -9,11 +9,9 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from collectives.intranode import compiled
-
-# numba's on-disk cache is keyed by this file alone: a constant imported from another module would stay
-# frozen in the cached code after that module changed. So the control block's layout (shm.py's) arrives
-# at run time, in `windows`, and only constants of this file are compiled in.
+# numba's on-disk cache is keyed by this file alone: a constant or function imported from another module
+# would stay frozen in the cached code after that module changed. So the control block's layout (shm.py's)
+# arrives at run time, in `windows`, and everything compiled in is defined here.
 SPINS = 64  # failed checks before the first sched_yield: about a microsecond
 YIELDS = 2000  # then naps, as in wait.py
 NAP_US = 20
@@ -139,7 +137,13 @@ BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
 REDUCE, REDUCE_SCATTER, ALLGATHER, GATHER = 0, 1, 2, 3
 
 
-range_start = njit(cache=True, nogil=True)(compiled.range_start)
+@njit(cache=True, nogil=True)
+def range_start(j, n, size, item):
+    """compiled.range_start: defined here, since the cached code of `run` holds its own copy of it."""
+    if j >= size:
+        return n
+    line = max(1, 64 // item)
+    return min(n, (j * n // size) // line * line)
 
 
 @njit(cache=True, nogil=True)

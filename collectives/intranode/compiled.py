@@ -40,11 +40,9 @@ def handles(op, dtype):
 
 def range_start(j, n, size, item):
     """First element of local rank j's range of an n-vector (n for j = size): the ranges are as even as
-    cache-line boundaries allow, so cells can keep the buffers' alignment. Compiled too, by _steps."""
-    if j >= size:
-        return n
-    line = max(1, 64 // item)
-    return min(n, (j * n // size) // line * line)
+    cache-line boundaries allow, so cells can keep the buffers' alignment."""
+    from collectives.intranode._steps import range_start as compiled_range_start
+    return compiled_range_start(j, n, size, item)
 
 
 def run(windows, src, dst, op, target, base, mode="reduce"):
