@@ -48,12 +48,10 @@ def range_start(j, n, size, item):
 def run(windows, src, dst, op, target, base, mode="reduce"):
     """One rank's part of a node call over `windows`' counters and cells, once it has published
     COPIED = `base` (seq << 32) with its buffers' line offsets. `mode` is one of MODES; `target` is a
-    Reduce's local target, -1 when every rank reads the result; an allgather reads `dst` only."""
+    Reduce's local target, -1 when every rank reads the result; an allgather passes its buffer as both."""
     from collectives.intranode._steps import run as compiled_run
-    if mode == "allgather":
-        src = dst
     per_cell = max(1, min(windows.cell_bytes, CELL_BYTES) // src.dtype.itemsize)
     # A Reduce's other ranks have no dst: an empty writable one, since src may be read-only.
     dst = numpy.empty(0, src.dtype) if dst is None else dst
-    compiled_run(windows.step_windows, src, dst, windows.local_rank, target, per_cell, base, OPS.get(op, 0),
+    compiled_run(windows.step_windows, src, dst, windows.local_rank, target, per_cell, base, OPS[op],
                  MODES[mode])

@@ -42,8 +42,8 @@ from kernels.reduce import reduce_into
 # Control fields per local rank.
 (COPIED, REDUCED, DRAINED, FINISHED,
  SEND_WIN, SEND_OFF, RECV_WIN, RECV_OFF, SEND_LINE_OFF, RECV_LINE_OFF) = range(10)
-FIELDS = 16  # padded to 128 bytes per rank so ranks do not share cache lines
-SEQ_SHIFT = 32
+_FIELDS = 16  # padded to 128 bytes per rank so ranks do not share cache lines
+_SHIFT = 32
 DEPTH = 4  # groups a rank may run ahead of the slowest reader of its cells
 _RESULT_CELLS = 2 * DEPTH  # a reduce uses DEPTH of them, a broadcast streams through all
 _LINE = 64  # cell sizes are a multiple of a cache line, and cells have a line of room to shift in
@@ -85,15 +85,15 @@ class SharedWindows:
         self.local_rank = node_comm.Get_rank()
         self.local_size = node_comm.Get_size()
         # One block on local rank 0 holds every rank's counters, so a wait reads one column.
-        ctrl_bytes = FIELDS * 8 * self.local_size if self.local_rank == 0 else 0
+        ctrl_bytes = _FIELDS * 8 * self.local_size if self.local_rank == 0 else 0
         self._ctrl_win = MPI.Win.Allocate_shared(ctrl_bytes, 8, comm=node_comm)
         self._ctrl_win.Lock_all()
         mem, _ = self._ctrl_win.Shared_query(0)
-        # Row k (FIELDS int64s) holds local rank k's fields, read and written through a flat memoryview:
+        # Row k (_FIELDS int64s) holds local rank k's fields, read and written through a flat memoryview:
         # plain Python ints, at half the cost of numpy scalar indexing and comparison.
-        self.flags = memoryview(mem).cast("B").cast("q")[:FIELDS * self.local_size]
-        self._mine = FIELDS * self.local_rank
-        for field in range(FIELDS):
+        self.flags = memoryview(mem).cast("B").cast("q")[:_FIELDS * self.local_size]
+        self._mine = _FIELDS * self.local_rank
+        for field in range(_FIELDS):
             self.set_field(field, 0)
         self.cell_bytes = max(_LINE, cell_bytes // _LINE * _LINE)
         self._stride = self.cell_bytes + _LINE
@@ -108,7 +108,7 @@ class SharedWindows:
         self.results = [seg[inputs_bytes:] for seg in segments]
         # What the compiled loop needs to find the counters and cells (see compiled.run).
         self.step_windows = numpy.array(
-            [MPI.buffer(mem).address, self._stride, self.local_size, FIELDS, DEPTH,
+            [MPI.buffer(mem).address, self._stride, self.local_size, _FIELDS, DEPTH,
              COPIED, REDUCED, DRAINED, SEND_LINE_OFF, RECV_LINE_OFF]
             + [_address(ring) for ring in self.inputs + self.results], dtype=numpy.int64)
         self.seq = 0
@@ -156,7 +156,7 @@ class SharedWindows:
 
     # -- synchronisation ----------------------------------------------------------------------------
     def field(self, rank, field):
-        return self.flags[FIELDS * rank + field]
+        return self.flags[_FIELDS * rank + field]
 
     def set_field(self, field, value):
         """Set one of my fields that peers read only after a later _publish."""
@@ -169,7 +169,7 @@ class SharedWindows:
     def _reached(self, ranks, field, value):
         flags = self.flags
         for k in ranks:
-            if flags[FIELDS * k + field] < value:
+            if flags[_FIELDS * k + field] < value:
                 return False
         return True
 
@@ -181,7 +181,7 @@ class SharedWindows:
         """Start a node collective: wait until every local rank is done with the previous one."""
         self._wait_all(range(self.local_size), FINISHED, self.seq)
         self.seq += 1
-        return self.seq << SEQ_SHIFT
+        return self.seq << _SHIFT
 
     def finish(self):
         self._publish(FINISHED, self.seq)
@@ -204,10 +204,12 @@ class SharedWindows:
         self._reduce(src, dst, op, readers=list(range(self.local_size)), across=across)
 
     def _reduce(self, src, dst, op, readers, across=None):
-        gather = len(readers) == 1 and self.local_size == 2  # as in _Reduction, whose buffers are plain here
+        # A two-rank Reduce has its target combine every chunk, as _Reduction does for plain buffers.
+        gather = len(readers) == 1 and self.local_size == 2
         if (across is None and self.compiled_applies(op, src.dtype)
                 and not (gather and src.nbytes >= compiled.GATHER_BELOW)):
-            self._run_compiled(src, dst, op, readers[0] if len(readers) == 1 else -1, "gather" if gather else "reduce")
+            target = readers[0] if len(readers) == 1 else -1
+            self._run_compiled(src, dst, op, target, "gather" if gather else "reduce")
         else:
             _Reduction(self, src, dst, op, readers, across).run()
             self.finish()
