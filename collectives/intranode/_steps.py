@@ -104,29 +104,49 @@ def copy(out, data):
         out[i] = data[i]
 
 
-@njit(cache=True, nogil=True)
-def combine(acc, data, op):
-    # One loop per op, so that each vectorises; the codes are compiled.OPS's.
+@njit(inline="always")
+def binop(x, y, op):
+    # Inlined into each loop below, where LLVM hoists the test of `op` out and vectorises what is left.
     if op == 0:
-        for i in range(acc.shape[0]):
-            acc[i] += data[i]
-    elif op == 1:
-        for i in range(acc.shape[0]):
-            acc[i] *= data[i]
-    elif op == 2:
-        for i in range(acc.shape[0]):
-            acc[i] = numpy.minimum(acc[i], data[i])
-    else:
-        for i in range(acc.shape[0]):
-            acc[i] = numpy.maximum(acc[i], data[i])
+        return x + y
+    if op == 1:
+        return x * y
+    if op == 2:
+        return numpy.minimum(x, y)
+    return numpy.maximum(x, y)
 
 
 @njit(cache=True, nogil=True)
-def fold(acc, data, first, op):
-    if first:
-        copy(acc, data)
+def combine(out, also, a, b, op, both):
+    """out[i] = op(a[i], b[i]), and also[i] too when `both`: one pass however many outputs."""
+    if both:
+        for i in range(out.shape[0]):
+            value = binop(a[i], b[i], op)
+            out[i] = value
+            also[i] = value
     else:
-        combine(acc, data, op)
+        for i in range(out.shape[0]):
+            out[i] = binop(a[i], b[i], op)
+
+
+@njit(cache=True, nogil=True)
+def reduce_block(out, also, both, sources, like, count, op, acc):
+    """out (and also) = sources[0] op sources[1] op ... in that order, each a `count`-element address:
+    two inputs in one pass, more through `acc` (a block in L1) with the outputs written by the last."""
+    size = sources.shape[0]
+    if size == 1:
+        copy(out, view(sources[0], like, count))
+        if both:
+            copy(also, out)
+        return
+    first = view(sources[0], like, count)
+    if size > 2:
+        part = acc[:count]
+        combine(part, part, first, view(sources[1], like, count), op, False)
+        for k in range(2, size - 1):
+            combine(part, part, part, view(sources[k], like, count), op, False)
+        first = part
+    combine(out, also, first, view(sources[size - 1], like, count), op, both)
 
 
 BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
@@ -147,20 +167,21 @@ def range_start(j, n, size, item):
 
 
 @njit(cache=True, nogil=True)
-def run(windows, src, dst, me, target, per_cell, base, op, mode):
+def run(windows, source, n, dst, me, target, per_cell, base, op, mode):
     """`shm._Reduction.run` for plain buffers: copy in, reduce and drain group after group.
 
     Local rank j owns a contiguous range of the vector (`range_start`); group g is piece g of every
     range. windows: int64 [control block address, cell stride, local ranks, fields per rank, ring depth,
     the field numbers COPIED, REDUCED, DRAINED, SEND_LINE_OFF, RECV_LINE_OFF, input ring addresses...,
     result ring addresses...] (SharedWindows.step_windows); target: the Reduce's local target, or -1 when
-    every rank reads the result; base: seq << 32.
+    every rank reads the result; base: seq << 32. The send buffer is `n` elements at address `source`, of
+    dst's dtype (dst is empty on a Reduce's other ranks).
     """
     flags, stride, size, row, depth = windows[0], windows[1], windows[2], windows[3], windows[4]
     copied_field, reduced_field, drained_field, send_line, recv_line = (windows[5], windows[6], windows[7],
                                                                         windows[8], windows[9])
     inputs, results = windows[10:10 + size], windows[10 + size:10 + 2 * size]
-    n = src.shape[0]
+    src = view(source, dst, n)  # by address: read-only and writable send buffers share one signature
     item = src.itemsize
     if mode == GATHER:
         starts = numpy.array([0 if j <= target else n for j in range(size + 1)], dtype=numpy.int64)
@@ -190,6 +211,7 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
         send_shift[k] = load_acquire(field_address(flags, row, k, send_line))
         result_shift[k] = load_acquire(field_address(flags, row, k if target < 0 else target, recv_line))
     acc = numpy.empty(BLOCK, src.dtype)
+    sources = numpy.empty(size, numpy.int64)
     copied = groups if mode == ALLGATHER else 0
     reduced = 0
     drained = 0 if reader and mode != REDUCE_SCATTER and mode != GATHER else groups
@@ -227,23 +249,22 @@ def run(windows, src, dst, me, target, per_cell, base, op, mode):
             lo = starts[me] + reduced * per_cell
             hi = min(starts[me + 1], lo + per_cell)
             if lo < hi:
-                out = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
+                cells = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
                 for start in range(lo, hi, BLOCK):
                     stop = min(hi, start + BLOCK)
                     if mode == ALLGATHER:
-                        part = dst[start:stop]
+                        copy(cells[start - lo:stop - lo], dst[start:stop])
+                        continue
+                    for k in range(size):  # in local-rank order: the result does not depend on timing
+                        sources[k] = (source if k == me else inputs[k] + (slot * size + me) * stride
+                                      + send_shift[k] - lo * item) + start * item
+                    if reader:
+                        out = dst[start:stop]
+                        also = cells[start - lo:stop - lo] if to_cell else out
                     else:
-                        part = acc[:stop - start]
-                        for k in range(size):  # in local-rank order: the result does not depend on timing
-                            if k == me:  # (two calls: a read-only src and a cell are different types)
-                                fold(part, src[start:stop], k == 0, op)
-                            else:
-                                fold(part, view(inputs[k] + (slot * size + me) * stride + send_shift[k]
-                                                + (start - lo) * item, src, stop - start), k == 0, op)
-                        if reader:
-                            copy(dst[start:stop], part)
-                    if to_cell:
-                        copy(out[start - lo:stop - lo], part)
+                        out = cells[start - lo:stop - lo]
+                        also = out
+                    reduce_block(out, also, reader and to_cell, sources, src, stop - start, op, acc)
             reduced += 1
             publish(flags, row, me, reduced_field, base | reduced)
         else:  # the other owners' results of the group, into my dst

@@ -3,10 +3,15 @@ combined in the same local-rank order, a fraction of the cost per step.
 
 Interpreted, a step (copy a chunk in, reduce one, drain one) costs 10-15 us of Python around its data
 movement, and a node call about 70 us before any data moves; compiled, a step costs well under a
-microsecond and a call about 35 us. The owner's reduce also writes its result cell and its own receive
-buffer in one pass instead of copying one into the other. Allreduce, best of 5 alternating rounds
-(compiled / interpreted / MPICH, us): 2 ranks 1 MiB 226 / 284 / 353, 4 MiB 963 / 1293 / 1581, 16 MiB
-4157 / 4544 / 7670; 4 ranks on 2 cores 4 MiB 1975 / 2952 / 3791.
+microsecond and a call about 35 us. Allreduce, best of 5 alternating rounds (compiled / interpreted /
+MPICH, us): 2 ranks 1 MiB 226 / 284 / 353, 4 MiB 963 / 1293 / 1581, 16 MiB 4157 / 4544 / 7670; 4 ranks on
+2 cores 4 MiB 1975 / 2952 / 3791.
+
+The owner's reduce reads its inputs and writes its receive buffer and its result cell in one pass (two
+inputs; more go through an accumulator that stays in L1), where copying into an accumulator, adding,
+and copying out took four: 1.12-1.16x faster for 2-8 MiB Allreduces on 2 ranks, and 1.3x for the
+2-rank Reduce's gather from 4 MiB, which now matches the interpreted gather at every size (alternating
+medians, us, compiled / interpreted: 4 MiB 760 / 910, 16 MiB 2878 / 2855, 64 MiB 11126 / 10927).
 
 Here each local rank owns one contiguous range of the vector (on cache-line boundaries), cut in pieces
 of one cell: the same chunk-per-cell pipeline as the interpreted loop, but a reduce-scatter leaves each
@@ -17,16 +22,12 @@ numba (through `_steps`), on a node call's first use of this path: the import co
 job of small messages should not pay.
 """
 import numpy
+from mpi4py import MPI
 
 # The ops this loop computes: those defined for every numeric dtype numba handles (bitwise and logical ops,
 # and float16, which numba cannot compute on the CPU, stay on the interpreted path).
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2, "gather": 3}  # see _steps.run
-# A two-rank Reduce gathers compiled below this many bytes and interpreted from it. OSU ratios native/scaffe,
-# compiled against interpreted: 64 KiB 1.50-1.53 against 0.46-0.78, 512 KiB 5.6-7.7 against 6.5-9.1, 1 MiB
-# 6.4-6.6 against 7.8-9.4, 8-64 MiB 5.4-6.5 against 9.0-11.0 (why the compiled gather falls behind on
-# large messages is not known yet).
-GATHER_BELOW = 1 << 20
 CELL_BYTES = 128 << 10  # the largest cell it uses (64 and 256 KiB measured the same within noise)
 
 
@@ -51,7 +52,7 @@ def run(windows, src, dst, op, target, base, mode="reduce"):
     Reduce's local target, -1 when every rank reads the result; an allgather passes its buffer as both."""
     from collectives.intranode._steps import run as compiled_run
     per_cell = max(1, min(windows.cell_bytes, CELL_BYTES) // src.dtype.itemsize)
-    # A Reduce's other ranks have no dst: an empty writable one, since src may be read-only.
-    dst = numpy.empty(0, src.dtype) if dst is None else dst
-    compiled_run(windows.step_windows, src, dst, windows.local_rank, target, per_cell, base, OPS[op],
-                 MODES[mode])
+    dst = numpy.empty(0, src.dtype) if dst is None else dst  # a Reduce's other ranks have none
+    # src travels by address, so read-only and writable send buffers share one compiled signature.
+    compiled_run(windows.step_windows, MPI.buffer(src).address, src.shape[0], dst, windows.local_rank, target,
+                 per_cell, base, OPS[op], MODES[mode])

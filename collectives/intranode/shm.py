@@ -206,8 +206,7 @@ class SharedWindows:
     def _reduce(self, src, dst, op, readers, across=None):
         # A two-rank Reduce has its target combine every chunk, as _Reduction does for plain buffers.
         gather = len(readers) == 1 and self.local_size == 2
-        if (across is None and self.compiled_applies(op, src.dtype)
-                and not (gather and src.nbytes >= compiled.GATHER_BELOW)):
+        if across is None and self.compiled_applies(op, src.dtype):
             target = readers[0] if len(readers) == 1 else -1
             self._run_compiled(src, dst, op, target, "gather" if gather else "reduce")
         else:
