@@ -3,7 +3,7 @@
 Timing follows the OSU Micro-Benchmarks: a barrier, then `iterations` back-to-back calls after
 `warmup` untimed ones; each rank's mean time is averaged over ranks (Avg), with the extremes over
 ranks (Min, Max). `--impl both` measures the wrapped MPI and scaffe in the same run, alternating in
-rounds so that drifting machine load hits both alike, and adds their ratio. The bandwidth floor is
+rounds (ROUNDS) so that drifting machine load hits both alike, and adds their ratio. The bandwidth floor is
 numpy combining the same number of buffers on one core, what the memory system allows.
 
 `-d cuda` puts the buffers on the GPU (numba device arrays). There `--impl staged` is the naive
@@ -12,6 +12,7 @@ hands MPI the device pointers (only with `SCAFFE_CUDA_AWARE=1`: anything else wo
 `both` compares staged with scaffe.
 """
 import argparse
+import functools
 import os
 import sys
 import time
@@ -24,6 +25,10 @@ import collectives
 DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_DOUBLE"),
           "int": (numpy.int32, "MPI_INT"), "char": (numpy.int8, "MPI_CHAR")}
 LARGE_MESSAGE = 8192  # OSU's boundary for fewer iterations
+# `--impl both` splits each size's iterations into rounds in the order AB BA AB BA: slow drifts in machine
+# load hit both alike, and so does whatever going first or second costs. With two rounds (AB AB), MPICH's
+# Bcast measured against itself on one communicator handle came out 0.86-0.98 from 1 to 16 MiB on 8 ranks.
+ROUNDS = 4
 
 
 def parse_size_range(text):
@@ -169,7 +174,8 @@ def run(title, make_case, argv=None):
     """Run one benchmark. make_case(comm, count, dtype, impl, args) -> (call, check) for one size.
 
     `comm` is the plain MPI communicator for impl "native" and a collectives.Comm for "scaffe".
-    `check()` raises AssertionError when the last call's result is wrong.
+    `check()` (collective) clears what the call writes, makes one more call and raises AssertionError
+    when its result is wrong: the implementations share their buffers (see `buffers`).
     """
     args = parse_args(title, argv)
     world = MPI.COMM_WORLD
@@ -192,9 +198,9 @@ def run(title, make_case, argv=None):
         iters, warm = iterations_for(args, size)
         cases = {impl: make_case(comms[impl], count, dtype, impl, args) for impl in impls}
         totals = {impl: 0.0 for impl in impls}
-        rounds = 2 if len(impls) == 2 else 1
-        for _ in range(rounds):  # alternate so slow drifts in machine load hit both implementations alike
-            for impl in impls:
+        rounds = ROUNDS if len(impls) == 2 else 1
+        for round_index in range(rounds):
+            for impl in (impls if round_index % 2 == 0 else impls[::-1]):
                 call, check = cases[impl]
                 totals[impl] += time_calls(world, call, max(1, iters // rounds), warm)
                 if args.validation:
@@ -232,16 +238,32 @@ def plot(rows, impls, title, path):
 
 
 def buffers(comm, count, dtype, impl, args, value):
-    """A send buffer filled with `value` and a receive buffer: on the GPU with -d cuda, in shared memory
-    with --alloc."""
-    if args.device == "cuda":
-        from kernels.numba_cuda import cuda
-        return (cuda.to_device(numpy.full(count, value, dtype=dtype)),
-                cuda.to_device(numpy.zeros(count, dtype=dtype)))
+    """A send buffer filled with `value` and a receive buffer: in shared memory for scaffe with --alloc,
+    else one pair that both implementations use in turn (on the GPU with -d cuda)."""
     if impl == "scaffe" and args.alloc:
         send = comm.alloc((count,), dtype)
         recv = comm.alloc((count,), dtype)
         send[:] = value
         recv[:] = 0
         return send, recv
+    return _plain_buffers(count, numpy.dtype(dtype).str, value, args.device)
+
+
+# One pair for both implementations, because where a buffer's pages land decides a large part of its
+# speed: MPICH's own Bcast, timed on separately allocated 4 MiB buffers, took 305-377 us on some and
+# 190-283 us on others, in one process and one run.
+@functools.lru_cache(maxsize=1)
+def _plain_buffers(count, dtype, value, device):
+    if device == "cuda":
+        from kernels.numba_cuda import cuda
+        return (cuda.to_device(numpy.full(count, value, dtype=dtype)),
+                cuda.to_device(numpy.zeros(count, dtype=dtype)))
     return numpy.full(count, value, dtype=dtype), numpy.zeros(count, dtype=dtype)
+
+
+def clear(buf):
+    """Zero a benchmark buffer, wherever it lives (a check's call must write every element it checks)."""
+    if isinstance(buf, numpy.ndarray):
+        buf[...] = 0
+    else:
+        buf.copy_to_device(numpy.zeros(buf.shape, buf.dtype))

@@ -14,6 +14,8 @@ def make_case(comm, count, dtype, impl, args):
         comm.Allreduce(send, recv, op=MPI.SUM)
 
     def check():
+        osu.clear(recv)
+        call()
         if count and not numpy.all(osu.on_host(recv) == expected):
             raise AssertionError(f"{impl} Allreduce of {count} elements on rank {rank}: got {osu.on_host(recv)[:4]}...")
 

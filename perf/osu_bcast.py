@@ -12,6 +12,9 @@ def make_case(comm, count, dtype, impl, args):
         comm.Bcast(buf, root=0)
 
     def check():
+        if rank != 0:
+            osu.clear(buf)
+        call()
         if count and not numpy.all(osu.on_host(buf) == 7):
             raise AssertionError(f"{impl} Bcast of {count} elements on rank {rank}: got {osu.on_host(buf)[:4]}...")
 

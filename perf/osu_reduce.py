@@ -14,6 +14,8 @@ def make_case(comm, count, dtype, impl, args):
         comm.Reduce(send, recv, op=MPI.SUM, root=0)
 
     def check():
+        osu.clear(recv)
+        call()
         if rank == 0 and count and not numpy.all(osu.on_host(recv) == expected):
             raise AssertionError(f"{impl} Reduce of {count} elements: got {osu.on_host(recv)[:4]}..., "
                                  f"expected {expected}")
