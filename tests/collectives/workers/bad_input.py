@@ -3,7 +3,9 @@
 Each case says which ranks make the mistake; the others sit the case out (a mistake that only the root
 can make, such as a read-only receive buffer, is made by the root alone). After every case all ranks run
 one correct Allreduce and check it, which fails or hangs if the bad call had sent or posted anything.
-Every case is tried with the blocking call and, where there is one, its I* form.
+Every case is tried with the blocking call and, where there is one, its I* form, on small buffers and
+then on large ones after correct large calls: `Comm` builds a repeated large call of an (op, dtype) it
+has computed before on a shortcut (`_FastPath.call`), which must let none of these through.
 
     mpiexec -n 2 python bad_input.py
 """
@@ -20,12 +22,15 @@ def read_only(a):
     return a
 
 
-def cases(rank, size):
+LARGE = 270001  # elements: past every size the selection table sends to native MPI
+
+
+def cases(rank, size, n):
     """(name, words the message must contain, who makes the mistake, [(call name, args, kwargs)])."""
-    f64 = numpy.zeros(10)
-    f32 = numpy.zeros(10, dtype=numpy.float32)
-    strided = numpy.zeros((10, 2))[:, 0]
-    c64 = numpy.zeros(10, dtype=numpy.complex64)
+    f64 = numpy.zeros(n)
+    f32 = numpy.zeros(n, dtype=numpy.float32)
+    strided = numpy.zeros((n, 2))[:, 0]
+    c64 = numpy.zeros(n, dtype=numpy.complex64)
     everyone, root_only = (lambda r: True), (lambda r: r == 0)
     non_root = (lambda r: r != 0) if size > 1 else None
 
@@ -44,14 +49,14 @@ def cases(rank, size):
         ("bytes object as recvbuf", ["read-only"], everyone, both("Allreduce", bytearray(8), bytes(8))),
         ("read-only Bcast buffer at a non-root", ["read-only"], non_root,
          both("Bcast", read_only(f64), root=0)),
-        ("send/recv size mismatch", ["10", "11"], everyone, both("Allreduce", f64, numpy.zeros(11))),
-        ("send/recv size mismatch at the root", ["10", "9"], root_only,
-         both("Reduce", f64, numpy.zeros(9), root=0)),
+        ("send/recv size mismatch", [str(n), str(n + 1)], everyone, both("Allreduce", f64, numpy.zeros(n + 1))),
+        ("send/recv size mismatch at the root", [str(n), str(n - 1)], root_only,
+         both("Reduce", f64, numpy.zeros(n - 1), root=0)),
         ("count beyond the buffer", ["count"], everyone,
-         both("Allreduce", [f64, 11, MPI.DOUBLE], [f64.copy(), 11, MPI.DOUBLE])),
+         both("Allreduce", [f64, n + 1, MPI.DOUBLE], [f64.copy(), n + 1, MPI.DOUBLE])),
         ("dtype mismatch", ["float32", "float64"], everyone, both("Allreduce", f32, f64)),
         ("dtype mismatch in buffer specs", ["float32", "float64"], everyone,
-         both("Allreduce", [f32, MPI.FLOAT], [numpy.zeros(5), MPI.DOUBLE])),
+         both("Allreduce", [f32, MPI.FLOAT], [numpy.zeros(n // 2), MPI.DOUBLE])),
         ("MIN on complex", ["MIN", "complex64"], everyone, both("Allreduce", c64, c64.copy(), op=MPI.MIN)),
         ("MAX on complex at Reduce", ["MAX", "complex128"], everyone,
          both("Reduce", c64.astype(numpy.complex128), c64.astype(numpy.complex128), op=MPI.MAX, root=0)),
@@ -73,16 +78,25 @@ def main():
     w = Worker()
     comm, rank, size = w.comm, w.rank, w.size
     checked = 0
-    for name, words, makers, calls in cases(rank, size):
-        if makers is None:
-            continue  # needs a rank that is not the root: not in a 1-rank job
-        for call_name, args, kwargs in calls:
-            w.case(f"{name}: {call_name}")
-            if makers(rank):
-                w.check_raises(collectives.CollectiveError, words,
-                               lambda: getattr(comm, call_name)(*args, **kwargs))
-                checked += 1
-            w.check_in_step("the bad call")
+    for n in (10, LARGE):
+        if n == LARGE:
+            w.case("correct large calls")
+            for dtype in (numpy.float64, numpy.float32):
+                send, summed, reduced = numpy.ones(n, dtype), numpy.zeros(n, dtype), numpy.zeros(n, dtype)
+                comm.Allreduce(send, summed)
+                comm.Reduce(send, reduced, root=0)
+                w.check_true((summed == size).all() and (rank != 0 or (reduced == size).all()),
+                             f"large {numpy.dtype(dtype)} results")
+        for name, words, makers, calls in cases(rank, size, n):
+            if makers is None:
+                continue  # needs a rank that is not the root: not in a 1-rank job
+            for call_name, args, kwargs in calls:
+                w.case(f"{name} ({n} elements): {call_name}")
+                if makers(rank):
+                    w.check_raises(collectives.CollectiveError, words,
+                                   lambda: getattr(comm, call_name)(*args, **kwargs))
+                    checked += 1
+                w.check_in_step("the bad call")
     w.check_true(checked > 0, "no bad call was made on this rank")
     w.done("bad_input")
 
