@@ -28,7 +28,12 @@ from mpi4py import MPI
 # and float16, which numba cannot compute on the CPU, stay on the interpreted path).
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2, "gather": 3}  # see _steps.run
-CELL_BYTES = 128 << 10  # the largest cell it uses (64 and 256 KiB measured the same within noise)
+# The cell it fills: 128 KiB on 2 local ranks, 64 KiB from 4 (at most the windows' own cells). Alternating
+# medians of the loop alone, us, by cell size 32 / 64 / 128 / 256 KiB: 2 ranks 1 MiB 124 / 115 / 112 / 112,
+# 4 MiB 512 / 472 / 466 / 520; 4 ranks on 2 cores 2 MiB 1055 / 1052 / 1121 / 1222, 4 MiB 2182 / 2152 /
+# 2384 / 2613.
+CELL_BYTES = 256 << 10  # over the number of local ranks,
+SMALLEST_CELL = 64 << 10  # but not below this
 
 
 def handles(op, dtype):
@@ -51,7 +56,8 @@ def run(windows, src, dst, op, target, base, mode="reduce"):
     COPIED = `base` (seq << 32) with its buffers' line offsets. `mode` is one of MODES; `target` is a
     Reduce's local target, -1 when every rank reads the result; an allgather passes its buffer as both."""
     from collectives.intranode._steps import run as compiled_run
-    per_cell = max(1, min(windows.cell_bytes, CELL_BYTES) // src.dtype.itemsize)
+    cell = min(windows.cell_bytes, max(SMALLEST_CELL, CELL_BYTES // windows.local_size))
+    per_cell = max(1, cell // src.dtype.itemsize)
     dst = numpy.empty(0, src.dtype) if dst is None else dst  # a Reduce's other ranks have none
     # src travels by address, so read-only and writable send buffers share one compiled signature.
     compiled_run(windows.step_windows, MPI.buffer(src).address, src.shape[0], dst, windows.local_rank, target,
