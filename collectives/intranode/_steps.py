@@ -250,21 +250,21 @@ def run(windows, source, n, dst, me, target, per_cell, base, op, mode):
             hi = min(starts[me + 1], lo + per_cell)
             if lo < hi:
                 cells = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
-                for start in range(lo, hi, BLOCK):
-                    stop = min(hi, start + BLOCK)
-                    if mode == ALLGATHER:
-                        copy(cells[start - lo:stop - lo], dst[start:stop])
-                        continue
-                    for k in range(size):  # in local-rank order: the result does not depend on timing
-                        sources[k] = (source if k == me else inputs[k] + (slot * size + me) * stride
-                                      + send_shift[k] - lo * item) + start * item
-                    if reader:
-                        out = dst[start:stop]
-                        also = cells[start - lo:stop - lo] if to_cell else out
-                    else:
-                        out = cells[start - lo:stop - lo]
-                        also = out
-                    reduce_block(out, also, reader and to_cell, sources, src, stop - start, op, acc)
+                if mode == ALLGATHER:  # my range of dst is final already: only hand it out
+                    copy(cells, dst[lo:hi])
+                else:
+                    for start in range(lo, hi, BLOCK):
+                        stop = min(hi, start + BLOCK)
+                        for k in range(size):  # in local-rank order: the result does not depend on timing
+                            sources[k] = (source if k == me else inputs[k] + (slot * size + me) * stride
+                                          + send_shift[k] - lo * item) + start * item
+                        if reader:
+                            out = dst[start:stop]
+                            also = cells[start - lo:stop - lo] if to_cell else out
+                        else:
+                            out = cells[start - lo:stop - lo]
+                            also = out
+                        reduce_block(out, also, reader and to_cell, sources, src, stop - start, op, acc)
             reduced += 1
             publish(flags, row, me, reduced_field, base | reduced)
         else:  # the other owners' results of the group, into my dst

@@ -22,7 +22,6 @@ numba (through `_steps`), on a node call's first use of this path: the import co
 job of small messages should not pay.
 """
 import numpy
-from mpi4py import MPI
 
 # The ops this loop computes: those defined for every numeric dtype numba handles (bitwise and logical ops,
 # and float16, which numba cannot compute on the CPU, stay on the interpreted path).
@@ -51,14 +50,15 @@ def range_start(j, n, size, item):
     return compiled_range_start(j, n, size, item)
 
 
-def run(windows, src, dst, op, target, base, mode="reduce"):
+def run(windows, src, source, dst, op, target, base, mode="reduce"):
     """One rank's part of a node call over `windows`' counters and cells, once it has published
-    COPIED = `base` (seq << 32) with its buffers' line offsets. `mode` is one of MODES; `target` is a
-    Reduce's local target, -1 when every rank reads the result; an allgather passes its buffer as both."""
+    COPIED = `base` (seq << 32) with its buffers' line offsets. `source` is src's address; `mode` is one
+    of MODES; `target` is a Reduce's local target, -1 when every rank reads the result; an allgather
+    passes its buffer as both."""
     from collectives.intranode._steps import run as compiled_run
     cell = min(windows.cell_bytes, max(SMALLEST_CELL, CELL_BYTES // windows.local_size))
     per_cell = max(1, cell // src.dtype.itemsize)
     dst = numpy.empty(0, src.dtype) if dst is None else dst  # a Reduce's other ranks have none
     # src travels by address, so read-only and writable send buffers share one compiled signature.
-    compiled_run(windows.step_windows, MPI.buffer(src).address, src.shape[0], dst, windows.local_rank, target,
-                 per_cell, base, OPS[op], MODES[mode])
+    compiled_run(windows.step_windows, source, src.shape[0], dst, windows.local_rank, target, per_cell, base,
+                 OPS[op], MODES[mode])

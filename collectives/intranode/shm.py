@@ -235,10 +235,11 @@ class SharedWindows:
 
     def _run_compiled(self, src, dst, op, target, mode):
         base = self.begin()
-        self.set_field(SEND_LINE_OFF, _line_offset(src))
+        source = _address(src)
+        self.set_field(SEND_LINE_OFF, source % _LINE)
         self.set_field(RECV_LINE_OFF, _line_offset(dst))
         self._publish(COPIED, base)  # the offsets are readable
-        compiled.run(self, src, dst, op, target, base, mode)
+        compiled.run(self, src, source, dst, op, target, base, mode)
         self.finish()
 
     # -- broadcast ----------------------------------------------------------------------------------
