@@ -74,6 +74,28 @@ def cases(rank, size, n):
     ]
 
 
+def spoiled_cases(rank, size, n):
+    """Mistakes made in place on arrays a correct call used just before (the latency path remembers
+    those): (name, words, who makes the mistake, call name, args, kwargs, the change)."""
+    def made_read_only(a):
+        a.setflags(write=False)
+
+    f64, out, every, root_out = numpy.zeros(n), numpy.zeros(n), numpy.zeros(n), numpy.zeros(n)
+    cases = [
+        ("recvbuf made read-only", ["read-only"], lambda r: True, "Allreduce", (f64, out), {},
+         lambda: made_read_only(out)),
+        ("recvbuf resized", [str(n), str(n + 1)], lambda r: True, "Allreduce", (f64, every), {},
+         lambda: every.resize(n + 1, refcheck=False)),
+        ("root's recvbuf made read-only", ["read-only"], lambda r: r == 0, "Reduce", (numpy.zeros(n), root_out),
+         {"root": 0}, lambda: made_read_only(root_out)),
+    ]
+    if size > 1:
+        bcast_buf = numpy.zeros(n)
+        cases.append(("Bcast buffer made read-only at a non-root", ["read-only"], lambda r: r != 0, "Bcast",
+                      (bcast_buf,), {"root": 0}, lambda: made_read_only(bcast_buf)))
+    return cases
+
+
 def main():
     w = Worker()
     comm, rank, size = w.comm, w.rank, w.size
@@ -97,6 +119,15 @@ def main():
                                    lambda: getattr(comm, call_name)(*args, **kwargs))
                     checked += 1
                 w.check_in_step("the bad call")
+        for name, words, makers, call_name, args, kwargs, spoil in spoiled_cases(rank, size, n):
+            w.case(f"{name} ({n} elements): {call_name}, correct first")
+            getattr(comm, call_name)(*args, **kwargs)
+            getattr(comm, call_name)(*args, **kwargs)
+            if makers(rank):
+                spoil()
+                w.check_raises(collectives.CollectiveError, words, lambda: getattr(comm, call_name)(*args, **kwargs))
+                checked += 1
+            w.check_in_step("the bad call")
     w.check_true(checked > 0, "no bad call was made on this rank")
     w.done("bad_input")
 

@@ -315,11 +315,48 @@ def check_fallbacks(w):
             w.check(ours[field], theirs[field], f"{field} vs the wrapped MPI")
 
 
+def check_repeats(w):
+    """The same arrays in call after call, changed in place in between: what was remembered of them
+    (`_FastPath`) must not outlive the change, and every rank must still pick the same algorithm."""
+    comm, rank = w.comm, w.rank
+    n = 10
+    send, recv, buf = numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32)
+    for step, dtype in enumerate((numpy.float32, numpy.float32, numpy.float16, numpy.float16)):
+        if dtype != send.dtype:  # float16, which MPI lacks, reinterpreting the same memory
+            send.dtype = recv.dtype = buf.dtype = dtype
+        w.case(f"repeated small Reduce, Allreduce, Bcast on the same arrays: {numpy.dtype(dtype)}, call {step}")
+        data = inputs(w, "sum", dtype, send.shape[0], 500 + step)
+        send[:] = data[rank]
+        recv[:] = 99
+        comm.Allreduce(send, recv)
+        w.check(recv, expected_reduction("sum", data), "Allreduce")
+        recv[:] = 99
+        comm.Reduce(send, recv, op=MPI.MAX, root=0)
+        if rank == 0:
+            w.check(recv, expected_reduction("max", data), "Reduce")
+        buf[:] = data[rank]
+        comm.Bcast(buf, root=0)
+        w.check(buf, data[0], "Bcast")
+    for size in (N, n):
+        # Odd ranks take fresh arrays, which nothing remembers: all ranks must still run the same algorithm.
+        w.case(f"the same arrays resized in place to {size} elements (fresh ones on odd ranks)")
+        if rank % 2:
+            send, recv = numpy.empty(size, send.dtype), numpy.empty(size, send.dtype)
+        else:
+            for a in (send, recv):
+                a.resize(size, refcheck=False)
+        data = inputs(w, "sum", send.dtype, size, 510)
+        send[:] = data[rank]
+        comm.Allreduce(send, recv)
+        w.check(recv, expected_reduction("sum", data), "Allreduce")
+
+
 def main():
     w = Worker()
     check_specs(w)
     check_alloc(w)
     check_fallbacks(w)
+    check_repeats(w)
     w.done("buffers")
 
 
