@@ -337,6 +337,18 @@ def check_repeats(w):
         buf[:] = data[rank]
         comm.Bcast(buf, root=0)
         w.check(buf, data[0], "Bcast")
+    w.case("repeated large Allreduce and Reduce on the same arrays, new data each time")
+    big_send, big_recv = numpy.empty(N, numpy.float32), numpy.empty(N, numpy.float32)
+    for step in range(3):
+        data = inputs(w, "sum", numpy.float32, N, 520 + step)
+        big_send[:] = data[rank]
+        big_recv[:] = 99
+        comm.Allreduce(big_send, big_recv)
+        w.check(big_recv, expected_reduction("sum", data), f"Allreduce {step}")
+        big_recv[:] = 99
+        comm.Reduce(big_send, big_recv, op=MPI.MIN, root=w.size - 1)
+        if rank == w.size - 1:
+            w.check(big_recv, expected_reduction("min", data), f"Reduce {step}")
     for size in (N, n):
         # Odd ranks take fresh arrays, which nothing remembers: all ranks must still run the same algorithm.
         w.case(f"the same arrays resized in place to {size} elements (fresh ones on odd ranks)")
