@@ -66,19 +66,25 @@ def _fits(sendbuf, recvbuf):
     return flags.c_contiguous and flags.writeable
 
 
-# A call's arguments as _FastPath remembers them, and what ran them (`work`: None for native MPI): the
-# send buffer's (or Bcast buffer's) dtype and size are kept too, since an array can change both in place
-# (`a.dtype = ...`, `a.resize(...)`) and they decide the algorithm, on which all ranks must agree.
-def _record(buf, recvbuf, op, root, work=None):
-    return (buf, recvbuf, op, root, buf.dtype, buf.nbytes, work)
+# What _FastPath remembers of a call that passed: the ids of its buffers (not the buffers: remembering a
+# call must not keep them alive), its op and root, the send (or Bcast) buffer's dtype and size, which an
+# array can change in place (`a.dtype = ...`, `a.resize(...)`) and which decide the algorithm, on which all
+# ranks must agree, and `plan`: None when native MPI ran it, else (the algorithm, the op's name).
+def _record(buf, recvbuf, op, root, plan=None):
+    return (id(buf), id(recvbuf), op, root, buf.dtype, buf.nbytes, plan)
 
 
 def _repeats(seen, buf, recvbuf, op, root):
-    return (buf is seen[0] and recvbuf is seen[1] and op is seen[2] and root == seen[3]
-            and buf.dtype is seen[4] and buf.nbytes == seen[5])
+    # A new object can get the id of one that is gone, hence the type test before looking inside.
+    return (id(buf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2] and root == seen[3]
+            and type(buf) is numpy.ndarray and buf.dtype is seen[4] and buf.nbytes == seen[5])
 
 
 _UNSEEN = (object(),) * 7  # a record that no call repeats
+
+
+def _flat(array):
+    return array if array.ndim == 1 else array.reshape(-1)
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
 _REJECTED = (BufferError, ValueError)
 
@@ -94,13 +100,14 @@ class _FastPath:
     does not tell byte orders apart).
 
     The last arguments of each kind that passed are remembered (`*_seen`), and a call that repeats them
-    (a benchmark's loop, a training step's gradients) skips the checks. A small one goes to MPI
+    (a benchmark's loop, a training step's gradients) skips most checks. A small one goes to MPI
     unchecked: the checks cost as much again as the rest of the latency path (measured on one rank,
-    4-byte Reduce: 0.88 us over MPI's own call with them, 0.27 us without). Whatever an array can change
-    in place besides its dtype and size, such as its strides or writeable flag, mpi4py rejects before
-    calling MPI; the caller then forgets the record and the checks raise their own error. A large one
-    runs the same work as last time once `unchanged` holds (a 1 MiB Allreduce on 2 ranks: about 10 us
-    less of the Comm's own layers, measured against the work alone).
+    4-byte Reduce: 0.88 us over MPI's own call with them, about 0.3 us without). Whatever an array can
+    change in place besides its dtype and size, such as its strides or writeable flag, mpi4py rejects
+    before calling MPI; the caller then forgets the record and the checks raise their own error. A large
+    one runs the remembered algorithm on a Call from `plain_call`, which checks what the views in a Call
+    need (measured on 2 ranks against building the Call and choosing the algorithm again: 113-127
+    against 135-147 us for a 1 MiB Allreduce, 20 against 27 us at 64 KiB).
     """
 
     __slots__ = ("rank", "size", "pairs", "computed", "reduce_below", "allreduce_below", "bcast_native",
@@ -116,20 +123,16 @@ class _FastPath:
     def forget(self):
         self.reduce_seen = self.allreduce_seen = self.bcast_seen = _UNSEEN
 
-    def remember(self, call, work):
-        """`work` ran `call`: the same plain arrays next time run it again."""
+    def remember(self, call, algorithm):
+        """`algorithm` runs `call`, a Reduce/Allreduce: the same plain arrays next time go straight to it."""
         sendbuf, recvbuf = call.send_spec, call.recv_spec
         if type(sendbuf) is not numpy.ndarray or call.recv is not None and type(recvbuf) is not numpy.ndarray:
             return
+        plan = (algorithm, call.op_name)
         if call.kind == "reduce":
-            self.reduce_seen = _record(sendbuf, recvbuf, call.op, call.root, work)
-        elif call.kind == "allreduce":
-            self.allreduce_seen = _record(sendbuf, recvbuf, call.op, None, work)
-
-    @staticmethod
-    def unchanged(sendbuf, recvbuf, receives):
-        """What the views inside remembered work still need of the arrays they were made from."""
-        return sendbuf.flags.c_contiguous and (not receives or _fits(sendbuf, recvbuf))
+            self.reduce_seen = _record(sendbuf, recvbuf, call.op, call.root, plan)
+        else:
+            self.allreduce_seen = _record(sendbuf, recvbuf, call.op, None, plan)
 
     def reduce_ok(self, sendbuf, recvbuf, op, root):
         if not (0 <= root < self.size and self._allowed(sendbuf, recvbuf, op, self.rank == root, self.reduce_below)):
@@ -152,17 +155,22 @@ class _FastPath:
     def call(self, kind, sendbuf, recvbuf, op, root):
         """The Call that `Comm._reduction` would make for a Reduce/Allreduce on plain arrays, or None
         when it must decide (measured: the full validation was 15-20% of a 1 MiB Allreduce on 2 ranks)."""
-        if type(sendbuf) is not numpy.ndarray or not sendbuf.flags.c_contiguous or not 0 <= root < self.size:
+        if type(sendbuf) is not numpy.ndarray or not 0 <= root < self.size:
             return None
         name = self.computed.get((op.py2f(), sendbuf.dtype))
-        if name is None:
+        return None if name is None else self.plain_call(kind, name, sendbuf, recvbuf, op, root)
+
+    def plain_call(self, kind, name, sendbuf, recvbuf, op, root):
+        """The Call of an ndarray sendbuf whose (op `name`, dtype) our algorithms compute, or None unless
+        it and the receive buffer (where this rank receives) are contiguous and fit each other."""
+        if not sendbuf.flags.c_contiguous:
             return None
         recv = None
         if kind == "allreduce" or self.rank == root:
             if not _fits(sendbuf, recvbuf):
                 return None
-            recv = recvbuf.reshape(-1)
-        return Call(kind, sendbuf.reshape(-1), recv, sendbuf, recvbuf, op, name, root)
+            recv = _flat(recvbuf)
+        return Call(kind, _flat(sendbuf), recv, sendbuf, recvbuf, op, name, root)
 
     def bcast_ok(self, buf, root):
         # A Bcast that goes native at every size skips the full validation (measured: 3-6% of a 4-16
@@ -255,7 +263,7 @@ class Comm(MPI.Intracomm):
             self.node_topology.free()
             self.private.Free()
             self._ready = False
-            self._fast = None  # its remembered work uses what was just freed
+            self._fast = None  # it would send repeated calls to what was just freed
         MPI.Intracomm.Free(self)
 
     def Dup(self, *args, **kwargs):
@@ -373,9 +381,11 @@ class Comm(MPI.Intracomm):
             elif call.kind == "bcast":
                 self._native_pairs.setdefault(call.recv.dtype.num, set()).add(None)
             return None
+        run = algorithms.get(name, call.kind)
         if call.op is not None and call.staging is None:
             self._computed_pairs[(call.op.py2f(), dtype)] = call.op_name
-        run = algorithms.get(name, call.kind)
+            if self._fast is not None:
+                self._fast.remember(call, run)
         work = lambda: run(self, call)  # noqa: E731
         return work if call.staging is None else call.staging.wrap(work)
 
@@ -389,9 +399,16 @@ class Comm(MPI.Intracomm):
             # communicator must start in the same order on every rank.
             call.staging.wrap(lambda: self._native_on_host(call, blocking=True))()
         else:
-            if self._fast is not None and call.staging is None:
-                self._fast.remember(call, work)
             self.progress.run(work)
+        return True
+
+    def _again(self, kind, plan, sendbuf, recvbuf, op, root):
+        """Run a call that repeats a remembered one with its algorithm; False when the arrays no longer fit."""
+        algorithm, name = plan
+        call = self._fast.plain_call(kind, name, sendbuf, recvbuf, op, root)
+        if call is None:
+            return False
+        self.progress.run(lambda: algorithm(self, call))
         return True
 
     def _start(self, call, stream):
@@ -444,8 +461,8 @@ class Comm(MPI.Intracomm):
                         return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
                     except _REJECTED:
                         fast.forget()
-                elif stream is None and fast.unchanged(sendbuf, recvbuf, fast.rank == root):
-                    return self.progress.run(seen[6])
+                elif stream is None and self._again("reduce", seen[6], sendbuf, recvbuf, op, root):
+                    return
             if fast.reduce_ok(sendbuf, recvbuf, op, root):
                 return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
         if not self._run(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream):
@@ -461,8 +478,8 @@ class Comm(MPI.Intracomm):
                         return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
                     except _REJECTED:
                         fast.forget()
-                elif stream is None and fast.unchanged(sendbuf, recvbuf, True):
-                    return self.progress.run(seen[6])
+                elif stream is None and self._again("allreduce", seen[6], sendbuf, recvbuf, op, 0):
+                    return
             if fast.allreduce_ok(sendbuf, recvbuf, op):
                 return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
         if not self._run(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream):

@@ -6,6 +6,7 @@ also compared with what the wrapped MPI.COMM_WORLD itself gives for the same cal
     mpiexec -n 3 python buffers.py
 """
 import array
+import weakref
 
 import numpy
 from mpi4py import MPI
@@ -349,6 +350,15 @@ def check_repeats(w):
         comm.Reduce(big_send, big_recv, op=MPI.MIN, root=w.size - 1)
         if rank == w.size - 1:
             w.check(big_recv, expected_reduction("min", data), f"Reduce {step}")
+    for size in (n, N):
+        w.case(f"repeated calls keep no buffer alive ({size} elements)")
+        kept = numpy.ones(size, numpy.float32), numpy.empty(size, numpy.float32)
+        for _ in range(2):
+            comm.Allreduce(*kept)
+            comm.Reduce(*kept, root=0)
+        refs = [weakref.ref(a) for a in kept]
+        del kept
+        w.check_true(all(ref() is None for ref in refs), "the buffers outlived the last reference to them")
     for size in (N, n):
         # Odd ranks take fresh arrays, which nothing remembers: all ranks must still run the same algorithm.
         w.case(f"the same arrays resized in place to {size} elements (fresh ones on odd ranks)")
