@@ -70,14 +70,10 @@ def _fits(sendbuf, recvbuf):
 # call must not keep them alive), its op and root, the send (or Bcast) buffer's dtype and size, which an
 # array can change in place (`a.dtype = ...`, `a.resize(...)`) and which decide the algorithm, on which all
 # ranks must agree, and `plan`: None when native MPI ran it, else (the algorithm, the op's name).
+# Comm's methods compare a call with a record inline (a function call would cost a fifth of what the
+# comparison saves), testing the type before looking inside: a new object can get a freed one's id.
 def _record(buf, recvbuf, op, root, plan=None):
     return (id(buf), id(recvbuf), op, root, buf.dtype, buf.nbytes, plan)
-
-
-def _repeats(seen, buf, recvbuf, op, root):
-    # A new object can get the id of one that is gone, hence the type test before looking inside.
-    return (id(buf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2] and root == seen[3]
-            and type(buf) is numpy.ndarray and buf.dtype is seen[4] and buf.nbytes == seen[5])
 
 
 _UNSEEN = (object(),) * 7  # a record that no call repeats
@@ -455,7 +451,8 @@ class Comm(MPI.Intracomm):
         fast = self._fast
         if fast is not None:
             seen = fast.reduce_seen
-            if _repeats(seen, sendbuf, recvbuf, op, root):
+            if (id(sendbuf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2] and root == seen[3]
+                    and type(sendbuf) is numpy.ndarray and sendbuf.dtype is seen[4] and sendbuf.nbytes == seen[5]):
                 if seen[6] is None:
                     try:
                         return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
@@ -472,7 +469,8 @@ class Comm(MPI.Intracomm):
         fast = self._fast
         if fast is not None:
             seen = fast.allreduce_seen
-            if _repeats(seen, sendbuf, recvbuf, op, None):
+            if (id(sendbuf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2]
+                    and type(sendbuf) is numpy.ndarray and sendbuf.dtype is seen[4] and sendbuf.nbytes == seen[5]):
                 if seen[6] is None:
                     try:
                         return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
@@ -488,7 +486,9 @@ class Comm(MPI.Intracomm):
     def Bcast(self, buf, root=0, stream=None):
         fast = self._fast
         if fast is not None:
-            if _repeats(fast.bcast_seen, buf, None, None, root):
+            seen = fast.bcast_seen
+            if (id(buf) == seen[0] and root == seen[3] and type(buf) is numpy.ndarray and buf.dtype is seen[4]
+                    and buf.nbytes == seen[5]):
                 try:
                     return MPI.Intracomm.Bcast(self, buf, root)
                 except _REJECTED:
