@@ -74,7 +74,7 @@ def cases(rank, size, n):
     ]
 
 
-def spoiled_cases(rank, size, n):
+def spoiled_cases(size, n):
     """Mistakes made in place on arrays a correct call used just before (the latency path remembers
     those): (name, words, who makes the mistake, call name, args, kwargs, the change)."""
     def made_read_only(a):
@@ -119,7 +119,7 @@ def main():
                                    lambda: getattr(comm, call_name)(*args, **kwargs))
                     checked += 1
                 w.check_in_step("the bad call")
-        for name, words, makers, call_name, args, kwargs, spoil in spoiled_cases(rank, size, n):
+        for name, words, makers, call_name, args, kwargs, spoil in spoiled_cases(size, n):
             w.case(f"{name} ({n} elements): {call_name}, correct first")
             getattr(comm, call_name)(*args, **kwargs)
             getattr(comm, call_name)(*args, **kwargs)
