@@ -24,3 +24,25 @@ def test_benchmark_validates_and_prints_osu_format(bench, device):
     rows = [line.split() for line in lines[3:]]
     assert [int(r[0]) for r in rows] == [4 << k for k in range(15)]
     assert all(len(r) == 9 and float(r[-1]) > 0 for r in rows)  # size, 2 x (avg, min, max), iterations, ratio
+
+
+def run_stages(ranks, per_node):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCAFFE_")}
+    env["SCAFFE_RANKS_PER_NODE"] = str(per_node)
+    command = [MPIEXEC, "-n", str(ranks)] + (["--oversubscribe"] if OPEN_MPI else []) + [
+        sys.executable, "-m", "perf.allreduce_stages", "-m", "65536:131072", "-i", "2", "-r", "2"]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_allreduce_stages_times_every_stage():
+    done = run_stages(4, 2)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    stages = ["native", "chained", "rs", "column", "ag", "rs+column+ag"]
+    assert [(int(r[0]), r[1]) for r in rows] == [(size, s) for size in (65536, 131072) for s in stages]
+    assert all(len(r) == 5 and float(r[2]) > 0 and float(r[4]) > 0 for r in rows)
+
+
+def test_allreduce_stages_needs_several_nodes():
+    done = run_stages(2, 2)
+    assert done.returncode != 0 and "needs several nodes of one size" in done.stderr
