@@ -65,6 +65,7 @@ def measure(world, call, iterations):
 
 def main(argv=None):
     args = parse_args(argv)
+    collectives.install_abort_hook()  # a failed check on one rank must end the job, not hang the others
     world = MPI.COMM_WORLD
     comm = collectives.Comm(world)
     topology = comm.describe()
