@@ -21,7 +21,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
-from perf.osu import parse_size_range
+from perf.osu import parse_size_range, sizes
 
 
 def parse_args(argv=None):
@@ -77,8 +77,7 @@ def main(argv=None):
         print(f"# Allreduce stages across nodes (scaffe perf); {world.Get_size()} ranks; topology: {topology}")
         print(f"# {os.cpu_count()} cores here; medians of {args.rounds} rounds of {args.iterations} calls")
         print(f"{'# Size':<12}{'stage':>12}{'wall(us)':>12}{'native/stage':>14}{'cpu(us)':>12}", flush=True)
-    size = max(args.min_size, 4)
-    while size <= args.max_size:
+    for size in sizes(args, numpy.dtype(numpy.float32).itemsize):
         send = numpy.full(size // 4, rank + 1, dtype=numpy.float32)
         recv = numpy.zeros_like(send)
         calls = stages(world, comm, send, recv)
@@ -101,7 +100,6 @@ def main(argv=None):
             for name, (wall, ratio, cpu) in rows.items():
                 print(f"{size:<12d}{name:>12}{wall * 1e6:>12.0f}{ratio:>14.2f}{cpu * 1e6:>12.0f}")
             print(flush=True)
-        size *= 2
 
 
 if __name__ == "__main__":

@@ -9,13 +9,19 @@ import pytest
 from mpi_harness import MPIEXEC, OPEN_MPI, REPO
 
 
+def run_benchmark(ranks, module, *args, **settings):
+    """`mpiexec -n ranks python -m perf.module args` with only the given SCAFFE_* settings."""
+    command = [MPIEXEC, "-n", str(ranks)] + (["--oversubscribe"] if OPEN_MPI else []) + [
+        sys.executable, "-m", f"perf.{module}", *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCAFFE_")}
+    env.update({k: str(v) for k, v in settings.items()})
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("bench", ["osu_reduce", "osu_allreduce", "osu_bcast"])
 def test_benchmark_validates_and_prints_osu_format(bench, device):
-    command = [MPIEXEC, "-n", "2"] + (["--oversubscribe"] if OPEN_MPI else []) + [
-        sys.executable, "-m", f"perf.{bench}", "-d", device, "-m", "4:65536", "-i", "4", "-x", "1", "-c", "-f"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCAFFE_")}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = run_benchmark(2, bench, "-d", device, "-m", "4:65536", "-i", "4", "-x", "1", "-c", "-f")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("# OSU MPI") and lines[2].startswith("# Size")
@@ -27,11 +33,8 @@ def test_benchmark_validates_and_prints_osu_format(bench, device):
 
 
 def run_stages(ranks, per_node):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SCAFFE_")}
-    env["SCAFFE_RANKS_PER_NODE"] = str(per_node)
-    command = [MPIEXEC, "-n", str(ranks)] + (["--oversubscribe"] if OPEN_MPI else []) + [
-        sys.executable, "-m", "perf.allreduce_stages", "-m", "65536:131072", "-i", "2", "-r", "2"]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return run_benchmark(ranks, "allreduce_stages", "-m", "65536:131072", "-i", "2", "-r", "2",
+                         SCAFFE_RANKS_PER_NODE=per_node)
 
 
 def test_allreduce_stages_times_every_stage():
