@@ -1,0 +1,39 @@
+"""Start and end of every collective operation on this rank, for whoever listens.
+
+The communicator reports each overridden call (blocking or not) when it starts running on this rank
+and when it has completed; the stall inspector and the training timeline listen. Listeners run on
+the thread that runs the operation, so they must be quick and must not call MPI.
+"""
+import itertools
+import time
+
+_listeners = []
+_ids = itertools.count(1)
+
+
+def add_listener(listener):
+    """`listener.started(op_id, name, nbytes, t)` and `listener.finished(op_id, t)`; t is perf_counter()."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def remove_listener(listener):
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def started(name, nbytes):
+    """Report that collective `name` on `nbytes` bytes starts now; returns its id for `finished`."""
+    op_id = next(_ids)
+    if _listeners:
+        now = time.perf_counter()
+        for listener in _listeners:
+            listener.started(op_id, name, nbytes, now)
+    return op_id
+
+
+def finished(op_id):
+    if _listeners:
+        now = time.perf_counter()
+        for listener in _listeners:
+            listener.finished(op_id, now)
