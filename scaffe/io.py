@@ -7,7 +7,6 @@ then `os.replace`), so a crash mid-write never leaves a truncated snapshot behin
 """
 import contextlib
 import os
-import re
 import tempfile
 
 import numpy
@@ -19,7 +18,7 @@ from scaffe.proto import caffe_pb2
 __all__ = [
     "CaffeFormatError",
     "atomic_write_bytes", "atomic_path",
-    "parse_net_text", "read_net_prototxt", "parse_solver_text", "read_solver_prototxt",
+    "read_text_proto", "parse_net_text", "read_net_prototxt", "parse_solver_text", "read_solver_prototxt",
     "write_prototxt", "read_binary_proto", "write_binary_proto",
     "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_mean_file",
     "read_solverstate", "write_solverstate",
@@ -66,20 +65,6 @@ def atomic_write_bytes(path, data):
 
 # ---------------------------------------------------------------- text formats
 
-_V1_HINT = ("this net uses the old V1 'layers' format; upgrade it with Caffe's "
-            "upgrade_net_proto_text (or upgrade_net_proto_binary for a .caffemodel)")
-
-# The names Caffe's upgrade code gives the deprecated solver_type enum values.
-_SOLVER_TYPE_NAMES = {
-    caffe_pb2.SolverParameter.SGD: "SGD",
-    caffe_pb2.SolverParameter.NESTEROV: "Nesterov",
-    caffe_pb2.SolverParameter.ADAGRAD: "AdaGrad",
-    caffe_pb2.SolverParameter.RMSPROP: "RMSProp",
-    caffe_pb2.SolverParameter.ADADELTA: "AdaDelta",
-    caffe_pb2.SolverParameter.ADAM: "Adam",
-}
-
-
 def _read_text(path):
     try:
         with open(path, "r", encoding="utf-8") as f:
@@ -94,24 +79,27 @@ def _one_line(err):
     return " ".join(str(err).split())
 
 
-def parse_net_text(text, source="<string>"):
-    """A NetParameter from prototxt text, upgraded the way Caffe upgrades current-format nets.
-
-    Upgrades done: deprecated net-level `input`/`input_shape`/`input_dim` become an Input layer named
-    "input" at the front; transformation fields inside data_param/image_data_param/window_data_param
-    move to transform_param. Nets in the V1 `layers` format are refused with an upgrade hint.
-    """
-    net = caffe_pb2.NetParameter()
+def _parse_text(text, message_class, source, what):
+    msg = message_class()
     try:
-        text_format.Parse(text, net)
+        text_format.Parse(text, msg)
     except text_format.ParseError as e:
-        if re.search(r"^\s*layers\s*[{:]", text, re.MULTILINE):
-            raise CaffeFormatError(f"{source}: {_V1_HINT}") from None
-        raise CaffeFormatError(f"{source}: cannot parse as a Caffe net (NetParameter): {_one_line(e)}") from None
-    if len(net.layers):
-        raise CaffeFormatError(f"{source}: {_V1_HINT}")
-    _upgrade_net_input(net, source)
-    _upgrade_data_transformation(net)
+        raise CaffeFormatError(f"{source}: cannot parse as a {what}: {_one_line(e)}") from None
+    return msg
+
+
+def read_text_proto(path, message_class, what=None):
+    """An instance of `message_class` parsed from the text protobuf file `path`, not upgraded."""
+    path = os.fspath(path)
+    return _parse_text(_read_text(path), message_class, path, what or message_class.DESCRIPTOR.name)
+
+
+def parse_net_text(text, source="<string>"):
+    """A NetParameter from prototxt text, upgraded to today's format as Caffe does on load (V0 and
+    V1 `layers`, net inputs, data transformation fields, old BatchNorm params: see scaffe.upgrade)."""
+    from scaffe.upgrade import upgrade_net  # here, as scaffe.upgrade imports this module
+    net = _parse_text(text, caffe_pb2.NetParameter, source, "Caffe net (NetParameter)")
+    upgrade_net(net, source)
     return net
 
 
@@ -122,19 +110,11 @@ def read_net_prototxt(path):
 
 
 def parse_solver_text(text, source="<string>"):
-    """A SolverParameter from prototxt text; the deprecated `solver_type` enum is turned into `type`."""
-    solver = caffe_pb2.SolverParameter()
-    try:
-        text_format.Parse(text, solver)
-    except text_format.ParseError as e:
-        raise CaffeFormatError(f"{source}: cannot parse as a Caffe solver (SolverParameter): {_one_line(e)}") from None
-    if solver.HasField("solver_type"):
-        name = _SOLVER_TYPE_NAMES[solver.solver_type]
-        if solver.HasField("type") and solver.type != name:
-            raise CaffeFormatError(
-                f"{source}: both solver_type ({name}) and type ({solver.type}) are given; keep only 'type'")
-        solver.type = name
-        solver.ClearField("solver_type")
+    """A SolverParameter from prototxt text; the deprecated `solver_type` enum is turned into `type`
+    and inline nets are upgraded (see scaffe.upgrade)."""
+    from scaffe.upgrade import upgrade_solver
+    solver = _parse_text(text, caffe_pb2.SolverParameter, source, "Caffe solver (SolverParameter)")
+    upgrade_solver(solver, source)
     return solver
 
 
@@ -145,45 +125,6 @@ def read_solver_prototxt(path):
 
 def write_prototxt(msg, path):
     atomic_write_bytes(path, text_format.MessageToString(msg).encode("utf-8"))
-
-
-def _upgrade_net_input(net, source):
-    if not len(net.input):
-        if len(net.input_shape) or len(net.input_dim):
-            raise CaffeFormatError(f"{source}: input_shape/input_dim given without any 'input' name")
-        return
-    n = len(net.input)
-    if len(net.input_shape) not in (0, n):
-        raise CaffeFormatError(f"{source}: {n} inputs but {len(net.input_shape)} input_shape entries")
-    if not len(net.input_shape) and len(net.input_dim) not in (0, 4 * n):
-        raise CaffeFormatError(f"{source}: {n} inputs need {4 * n} input_dim values, got {len(net.input_dim)}")
-    layer = caffe_pb2.LayerParameter(name="input", type="Input")
-    for i, name in enumerate(net.input):
-        layer.top.append(name)
-        if len(net.input_shape):
-            layer.input_param.shape.add().CopyFrom(net.input_shape[i])
-        elif len(net.input_dim):
-            layer.input_param.shape.add().dim.extend(net.input_dim[4 * i:4 * i + 4])
-    layers = [layer] + [caffe_pb2.LayerParameter.FromString(l.SerializeToString()) for l in net.layer]
-    del net.layer[:]
-    net.layer.extend(layers)
-    for field in ("input", "input_shape", "input_dim"):
-        net.ClearField(field)
-
-
-def _upgrade_data_transformation(net):
-    # Caffe once kept scale/mean/crop/mirror inside the data parameters; it moves them to
-    # transform_param when loading, and so do we, so the transformer reads one place only.
-    for layer in net.layer:
-        for name in ("data_param", "image_data_param", "window_data_param"):
-            if not layer.HasField(name):
-                continue
-            p = getattr(layer, name)
-            t = layer.transform_param
-            for field in ("scale", "mean_file", "crop_size", "mirror"):
-                if p.HasField(field):
-                    setattr(t, field, getattr(p, field))
-                    p.ClearField(field)
 
 
 # ---------------------------------------------------------------- binary formats
@@ -212,8 +153,15 @@ def write_binary_proto(msg, path):
 
 
 def read_net_binary(path):
-    """The NetParameter of a .caffemodel (V1 `layers` files are returned as they are)."""
-    return read_binary_proto(path, caffe_pb2.NetParameter, "Caffe model (NetParameter)")
+    """The NetParameter of a .caffemodel. Files in the old V0/V1 `layers` formats are upgraded as
+    Caffe does on load (scaffe.upgrade); others are returned as stored, so they round-trip byte
+    for byte (Caffe's other upgrades, e.g. of BatchNorm's param specs, do not touch weights)."""
+    from scaffe.upgrade import upgrade_net
+    path = os.fspath(path)
+    net = read_binary_proto(path, caffe_pb2.NetParameter, "Caffe model (NetParameter)")
+    if len(net.layers):
+        upgrade_net(net, path)
+    return net
 
 
 def write_net_binary(net, path):

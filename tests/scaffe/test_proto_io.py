@@ -212,14 +212,6 @@ def test_text_errors_are_one_line_and_name_the_file(tmp_path):
     with pytest.raises(io.CaffeFormatError) as err:
         io.read_net_prototxt(bad)
     assert str(bad) in str(err.value) and "\n" not in str(err.value) and "nmae" in str(err.value)
-    v1 = tmp_path / "v1.prototxt"
-    v1.write_text('name: "old"\nlayers { name: "c" type: CONVOLUTION convolution_param { num_output: 2 } }\n')
-    with pytest.raises(io.CaffeFormatError, match="upgrade_net_proto_text"):
-        io.read_net_prototxt(v1)
-    v0 = tmp_path / "v0.prototxt"  # V0 nests a `layer` inside `layers`: not parseable, still detected
-    v0.write_text('layers {\n  layer { name: "c" type: "conv" }\n}\n')
-    with pytest.raises(io.CaffeFormatError, match="upgrade_net_proto_text"):
-        io.read_net_prototxt(v0)
     with pytest.raises(io.CaffeFormatError, match="no such file"):
         io.read_net_prototxt(tmp_path / "missing.prototxt")
     with pytest.raises(io.CaffeFormatError, match="solver"):
