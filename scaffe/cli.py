@@ -1,5 +1,6 @@
 """The `scaffe` command: Caffe's `caffe train|test|time|device_query` with its flags and log lines,
-plus the data tools (`convert mnist|imageset`, `compute_image_mean`).
+plus Caffe's tools (`convert mnist|imageset`, `compute_image_mean`, `extract_features`,
+`upgrade_net_proto_text|binary`, `upgrade_solver_proto_text`).
 
 Flags are accepted in Caffe's gflags spelling (`-solver x`, `-solver=x`) and in GNU spelling
 (`--solver=x`). Every failure ends with one line on stderr naming the file or layer concerned
@@ -7,6 +8,7 @@ and exit status 1 (2 for a bad command line).
 """
 import argparse
 import csv
+import functools
 import os
 import platform
 import sys
@@ -18,7 +20,8 @@ from scaffe.log import fmt, get_logger, setup_logging
 
 log = get_logger("scaffe.cli")
 
-COMMANDS = ("train", "test", "time", "device_query", "convert", "compute_image_mean")
+COMMANDS = ("train", "test", "time", "device_query", "convert", "compute_image_mean", "extract_features",
+            "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text")
 
 _USAGE = """usage: scaffe <command> [flags]
 
@@ -29,6 +32,12 @@ commands:
   device_query        show the CPU and any GPUs
   convert mnist|imageset ARGS     build LMDBs (no ARGS for mnist: the bundled digits into examples/mnist)
   compute_image_mean DB [OUT]     the mean image of an LMDB, as a binaryproto
+  extract_features WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]
+                                  store blobs of a forward pass, one Datum per sample
+  upgrade_net_proto_text IN OUT   rewrite an old (V0/V1) net prototxt in today's format
+  upgrade_net_proto_binary IN OUT the same for a .caffemodel
+  upgrade_solver_proto_text IN OUT  rewrite an old solver (solver_type enum) in today's format
+(the tools take Caffe's flags: -backend=lmdb, --backend lmdb, -gray, --shuffle=false, ...)
 """
 
 
@@ -82,11 +91,6 @@ def _parser():
     m.add_argument("--iterations", type=int, default=50, help="number of forward-backward passes")
     d = sub.add_parser("device_query", help="show the devices")
     d.add_argument("--gpu", default="", help="GPU id(s) to describe")
-    c = sub.add_parser("convert", help="convert data to LMDB")
-    c.add_argument("kind", choices=("mnist", "imageset"))
-    c.add_argument("args", nargs=argparse.REMAINDER)
-    i = sub.add_parser("compute_image_mean", help="mean image of an LMDB")
-    i.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
@@ -371,25 +375,57 @@ def _device_query(args):
 
 # ---------------------------------------------------------------- data tools
 
-def _convert(args):
-    if args.kind == "mnist":
+def _convert(argv):
+    kind, argv = (argv[0], argv[1:]) if argv else ("", [])
+    if kind == "mnist":
         from scaffe.tools import convert_mnist
-        if not args.args:
+        if not argv:
             train, test = convert_mnist.ensure_mnist_lmdb(os.path.join("examples", "mnist"))
             log.info("MNIST LMDBs ready: %s, %s", train, test)
             return 0
-        return convert_mnist.main(args.args)
-    from scaffe.tools import convert_imageset
-    return convert_imageset.main(args.args)
+        return convert_mnist.main(argv)
+    if kind == "imageset":
+        from scaffe.tools import convert_imageset
+        return convert_imageset.main(argv)
+    raise SystemExit(f"scaffe convert: say what to convert: mnist [IMAGES LABELS DB] or imageset ROOT/ LIST DB, "
+                     f"got {kind!r}")
 
 
-def _compute_image_mean(args):
+def _compute_image_mean(argv):
     from scaffe.tools import compute_image_mean
-    return compute_image_mean.main(args.args)
+    return compute_image_mean.main(argv)
 
 
-_HANDLERS = {"train": _train, "test": _test, "time": _time, "device_query": _device_query,
-             "convert": _convert, "compute_image_mean": _compute_image_mean}
+def _extract_features(argv):
+    from scaffe.tools import extract_features
+    return extract_features.main(argv)
+
+
+def _upgrade_proto(tool, argv):
+    from scaffe.tools import upgrade_proto
+    return upgrade_proto.main(tool, argv)
+
+
+_HANDLERS = {"train": _train, "test": _test, "time": _time, "device_query": _device_query}
+
+# Caffe's tools parse their own arguments (flags in gflags spelling, anywhere on the line): they
+# get the argument list as it is, never through the parser above.
+_TOOLS = {"convert": _convert, "compute_image_mean": _compute_image_mean, "extract_features": _extract_features,
+          **{name: functools.partial(_upgrade_proto, name) for name in ("upgrade_net_proto_text", "upgrade_net_proto_binary",
+                                                    "upgrade_solver_proto_text")}}
+
+
+def _run_tool(command, argv):
+    try:
+        return int(_TOOLS[command](argv) or 0)
+    except SystemExit as e:  # --help, or a command line the tool's parser refused
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+            return 2
+        return int(e.code or 0)
+    except (ValueError, OSError, RuntimeError) as e:
+        _fail(command, e)
+        return 1
 
 
 def _host(a):
@@ -405,9 +441,10 @@ def main(argv=None):
     if argv[0] not in COMMANDS:
         sys.stderr.write(f"scaffe: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}\n")
         return 2
-    # The data tools parse their own flags (Caffe's tools take single-dash flags too).
-    if argv[0] not in ("convert", "compute_image_mean"):
-        argv = [argv[0]] + _gflags_to_gnu(argv[1:])
+    if argv[0] in _TOOLS:
+        setup_logging()
+        return _run_tool(argv[0], argv[1:])
+    argv = [argv[0]] + _gflags_to_gnu(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:

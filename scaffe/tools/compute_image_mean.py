@@ -14,6 +14,7 @@ import numpy
 from scaffe.data.datum import datum_to_array
 from scaffe.data.lmdb_reader import open_database
 from scaffe.io import array_to_blobproto, write_blobproto
+from scaffe.tools.gflags import require_lmdb
 
 __all__ = ["main", "compute_image_mean"]
 
@@ -50,10 +51,8 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.backend.lower() != "lmdb":
-        print(f"compute_image_mean: backend {args.backend!r} is not supported; use --backend=lmdb", file=sys.stderr)
-        return 1
     try:
+        require_lmdb(args.backend)
         mean, count = compute_image_mean(args.input_db)
         print(f"Processed {count} files.")
         if args.output_file:

@@ -17,6 +17,7 @@ import numpy
 
 from scaffe.data.datum import array_to_datum, encode_image, load_image, require_pillow
 from scaffe.data.lmdb_writer import LMDBWriter
+from scaffe.tools.gflags import require_lmdb, switches
 
 __all__ = ["main", "read_image_list", "convert_imageset"]
 
@@ -100,23 +101,7 @@ def _file_channels(path):
         return 1 if img.mode in ("1", "L", "LA", "I", "I;16", "F") else 3
 
 
-_BOOL_FLAGS = ("gray", "shuffle", "check_size", "encoded")
-
-
-def _normalize_bool_flags(argv):
-    """gflags booleans (-flag, --flag, --flag=true/false, --noflag) -> plain store_true switches."""
-    out = []
-    for arg in argv:
-        name, _, value = arg.lstrip("-").partition("=")
-        if arg.startswith("-") and (name in _BOOL_FLAGS or name[2:] in _BOOL_FLAGS):
-            on = not name.startswith("no") if name not in _BOOL_FLAGS else value.lower() not in ("0", "false", "no", "n")
-            if value and value.lower() not in ("0", "1", "true", "false", "yes", "no", "y", "n"):
-                raise SystemExit(f"convert_imageset: --{name} takes true or false, got {value!r}")
-            if on:
-                out.append("--" + (name if name in _BOOL_FLAGS else name[2:]))
-            continue
-        out.append(arg)
-    return out
+_SWITCHES = ("gray", "shuffle", "check_size", "encoded")
 
 
 def _parser():
@@ -124,28 +109,28 @@ def _parser():
     p.add_argument("root_folder")
     p.add_argument("list_file")
     p.add_argument("db_name")
-    for name, help_text in (("gray", "store grey images"), ("shuffle", "shuffle the list first"),
-                            ("check_size", "require all images to have the same size"),
-                            ("encoded", "store encoded image files instead of raw pixels")):
+    for name, help_text in zip(_SWITCHES, ("store grey images", "shuffle the list first",
+                                           "require all images to have the same size",
+                                           "store encoded image files instead of raw pixels")):
         p.add_argument(f"--{name}", action="store_true", help=help_text)
     p.add_argument("--resize_height", "-resize_height", type=int, default=0)
     p.add_argument("--resize_width", "-resize_width", type=int, default=0)
-    p.add_argument("--encode_type", "-encode_type", default="")
+    p.add_argument("--encode_type", "-encode_type", default="", help="png, jpg, ...; implies --encoded")
     p.add_argument("--backend", "-backend", default="lmdb", help="only lmdb is supported")
     p.add_argument("--seed", "-seed", type=int, default=0, help="seed of the --shuffle order")
     return p
 
 
 def main(argv=None):
-    args = _parser().parse_args(_normalize_bool_flags(sys.argv[1:] if argv is None else argv))
-    if args.backend.lower() != "lmdb":
-        print(f"convert_imageset: backend {args.backend!r} is not supported; use --backend=lmdb", file=sys.stderr)
-        return 1
+    args = _parser().parse_args(switches(sys.argv[1:] if argv is None else argv, _SWITCHES, "convert_imageset"))
+    if args.encode_type and not args.encoded:
+        print("encode_type specified, assuming encoded=true.")
     try:
+        require_lmdb(args.backend)
         convert_imageset(args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
                          resize_height=args.resize_height, resize_width=args.resize_width,
-                         check_size=args.check_size, encoded=args.encoded, encode_type=args.encode_type,
-                         seed=args.seed)
+                         check_size=args.check_size, encoded=args.encoded or bool(args.encode_type),
+                         encode_type=args.encode_type, seed=args.seed)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"convert_imageset: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,37 @@
+"""Caffe's gflags spellings for the data tools' argparse parsers, and the one backend scaffe has.
+
+argparse already takes `-backend=lmdb`, `--backend=lmdb`, `-backend lmdb` and `--backend lmdb` once
+both `-backend` and `--backend` are declared; gflags booleans (`-gray`, `--gray=false`,
+`--nogray`) need rewriting to plain switches first.
+"""
+
+__all__ = ["switches", "require_lmdb"]
+
+_TRUE = ("1", "true", "yes", "y", "t")
+_FALSE = ("0", "false", "no", "n", "f")
+
+
+def switches(argv, names, tool):
+    """argv with each gflags boolean in `names` turned into `--name` (on) or dropped (off)."""
+    out = []
+    for arg in argv:
+        name, has_value, value = arg.lstrip("-").partition("=")
+        negated = name.startswith("no") and name[2:] in names
+        if not arg.startswith("-") or not (name in names or negated):
+            out.append(arg)
+            continue
+        if has_value and value.lower() not in _TRUE + _FALSE:
+            raise SystemExit(f"{tool}: --{name} takes true or false, got {value!r}")
+        on = value.lower() not in _FALSE if has_value else True
+        if negated:
+            on = not on
+            name = name[2:]
+        if on:
+            out.append("--" + name)
+    return out
+
+
+def require_lmdb(backend):
+    """Caffe's tools also write LevelDB; scaffe reads and writes LMDB only."""
+    if backend.lower() != "lmdb":
+        raise ValueError(f"backend {backend!r} is not supported: scaffe reads and writes LMDB only; give lmdb")
