@@ -13,10 +13,10 @@ setup(
     packages=find_packages(include=["collectives", "collectives.*", "kernels", "kernels.*",
                                     "scaffe", "scaffe.*", "perf", "perf.*"]),
     package_data={"scaffe": ["proto/*.proto"]},
-    install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1"],
+    install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1",
+                      "pillow"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "grpcio-tools", "pillow"],
-        "images": ["pillow"],
+        "test": ["pytest", "pytest-timeout", "grpcio-tools"],
         "cuda12": ["cupy-cuda12x"],
         "cuda13": ["cupy-cuda13x"],
         "plot": ["matplotlib"],

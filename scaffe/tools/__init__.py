@@ -1,4 +1,5 @@
-"""Caffe's data tools in Python: convert_mnist, convert_imageset and compute_image_mean.
+"""Caffe's tools in Python: convert_mnist, convert_imageset, compute_image_mean, extract_features and
+the upgrade_net_proto_text|binary / upgrade_solver_proto_text tools (upgrade_proto).
 
 Each module has `main(argv) -> exit code` taking Caffe's arguments, for the `scaffe` CLI to call.
 """
