@@ -116,13 +116,19 @@ def _needs_data_upgrade(net):
 
 
 def _needs_batch_norm_upgrade(net):
-    # The first BatchNorm declared three parameter specs to freeze its statistics blobs.
-    return any(layer.type == "BatchNorm" and len(layer.param) == 3 for layer in net.layer)
+    # Old BatchNorm definitions listed three param specs to keep the solver off its statistics
+    # blobs; Caffe now sets lr_mult and decay_mult of all three to 0.
+    return any(layer.type == "BatchNorm" and len(layer.param) == 3
+               and any(p.lr_mult != 0 or p.decay_mult != 0 for p in layer.param) for layer in net.layer)
+
+
+def _has_input_fields(net):
+    return bool(len(net.input) or len(net.input_shape) or len(net.input_dim))
 
 
 def net_needs_upgrade(net):
     """Whether `upgrade_net` would change the NetParameter (Caffe's NetNeedsUpgrade)."""
-    return (bool(len(net.layers)) or _needs_data_upgrade(net) or bool(len(net.input))
+    return (bool(len(net.layers)) or _needs_data_upgrade(net) or _has_input_fields(net)
             or _needs_batch_norm_upgrade(net))
 
 
@@ -139,7 +145,7 @@ def upgrade_net(net, source="<net>"):
     if len(net.layers):
         log.info("Attempting to upgrade input file specified using deprecated V1LayerParameter: %s", source)
         complete &= _upgrade_v1_net(net, source)
-    if len(net.input) or len(net.input_shape) or len(net.input_dim):
+    if _has_input_fields(net):
         log.info("Attempting to upgrade input file specified using deprecated input fields: %s", source)
         _upgrade_net_input(net, source)
     if _needs_batch_norm_upgrade(net):
@@ -188,13 +194,11 @@ def _fold_padding_layers(net, source):
 def _upgrade_v0_net(net, source):
     complete = True
     layers = _fold_padding_layers(net, source)
-    upgraded = []
     for layer in layers:
         if layer.HasField("layer"):
             complete &= _upgrade_v0_layer(layer, source)
-        upgraded.append(layer)
     del net.layers[:]
-    net.layers.extend(upgraded)
+    net.layers.extend(layers)
     return complete
 
 
