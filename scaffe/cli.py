@@ -35,8 +35,10 @@ commands:
   extract_features WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]
                                   store blobs of a forward pass, one Datum per sample
   upgrade_net_proto_text IN OUT   rewrite an old (V0/V1) net prototxt in today's format
-  upgrade_net_proto_binary IN OUT the same for a .caffemodel
-  upgrade_solver_proto_text IN OUT  rewrite an old solver (solver_type enum) in today's format
+  upgrade_net_proto_binary IN OUT
+                                  the same for a .caffemodel
+  upgrade_solver_proto_text IN OUT
+                                  the same for a solver (solver_type: ADAM -> type: "Adam")
 (the tools take Caffe's flags: -backend=lmdb, --backend lmdb, -gray, --shuffle=false, ...)
 """
 
