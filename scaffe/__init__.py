@@ -1,2 +1,10 @@
-"""scaffe: a Caffe-compatible training library (nets, layers, solvers, data) with a distributed trainer."""
+"""scaffe: a Caffe-compatible training library (nets, layers, solvers, data) with a distributed trainer.
+
+`import scaffe` gives pycaffe's interface (scaffe.pycaffe): `scaffe.Net`, `scaffe.get_solver`,
+`scaffe.SGDSolver` ..., `scaffe.set_mode_cpu/set_mode_gpu/set_device`, `scaffe.TRAIN`/`scaffe.TEST`.
+"""
 __version__ = "0.1.0"
+
+from scaffe.pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, BlobView,  # noqa: E402
+                            Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver,
+                            layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed)

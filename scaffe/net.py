@@ -593,6 +593,12 @@ class Net:
         end = len(self.layers) - 1 if end is None else end
         return self.forward_from_to(start, end)
 
+    def reshape(self):
+        """Caffe's Net::Reshape: every layer reshapes its tops from its bottoms (after an input blob
+        was reshaped), without running forward."""
+        for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
+            layer.reshape(bottom, top)
+
     def backward_from_to(self, start, end):
         """Runs layers start down to end (inclusive) backward."""
         if start == len(self.layers) - 1:

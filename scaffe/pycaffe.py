@@ -1,0 +1,402 @@
+"""pycaffe's Python interface (`caffe.Net`, `caffe.get_solver`, `caffe.set_mode_gpu` ...) over scaffe's Net and Solver.
+
+Scripts written for BVLC Caffe's `import caffe` run with `import scaffe as caffe` as far as they use
+what is here. Differences from pycaffe: `Net`'s phase defaults to TEST; in GPU mode `.data` and `.diff`
+are cupy arrays on the device (pycaffe copies to the host); errors are Python exceptions with one line.
+"""
+import collections
+import os
+
+import numpy
+
+from scaffe.layers import known_types
+from scaffe.net import Net as _CoreNet
+from scaffe.proto import caffe_pb2
+from scaffe.solvers import read_solver_file, seed_random, solver_class
+
+__all__ = ["TRAIN", "TEST", "Net", "BlobView", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
+           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu",
+           "set_device", "set_random_seed", "layer_type_list"]
+
+TRAIN = caffe_pb2.TRAIN
+TEST = caffe_pb2.TEST
+
+# ---------------------------------------------------------------- process-wide mode (Caffe::mode())
+
+_mode = {"gpu": False, "device": 0}
+
+
+def _usable_cupy(call):
+    from kernels.backend import cupy_or_none
+    cupy = cupy_or_none()
+    if cupy is None:
+        raise RuntimeError(f"{call}: no CUDA GPU is usable here (cupy missing or no device); "
+                           f"stay in CPU mode (scaffe.set_mode_cpu())")
+    return cupy
+
+
+def set_mode_cpu():
+    """Nets and solvers made from now on compute with numpy."""
+    _mode["gpu"] = False
+
+
+def set_mode_gpu():
+    """Nets and solvers made from now on compute with cupy on the device of `set_device` (default 0)."""
+    _usable_cupy("set_mode_gpu()")
+    _mode["gpu"] = True
+
+
+def set_device(device_id):
+    """The GPU that nets made in GPU mode use (Caffe::SetDevice)."""
+    cupy = _usable_cupy(f"set_device({device_id})")
+    count = cupy.cuda.runtime.getDeviceCount()
+    if not 0 <= int(device_id) < count:
+        raise ValueError(f"set_device({device_id}): no such device ({count} GPU(s) here, ids 0..{count - 1})")
+    _mode["device"] = int(device_id)
+
+
+def _array_module():
+    if not _mode["gpu"]:
+        return numpy
+    cupy = _usable_cupy("GPU mode")
+    cupy.cuda.Device(_mode["device"]).use()
+    return cupy
+
+
+def set_random_seed(seed):
+    """Seeds fillers, Dropout and data shuffling (as a solver's random_seed does)."""
+    seed_random(seed)
+
+
+def layer_type_list():
+    """The layer type names a net may use."""
+    return known_types()
+
+
+# ---------------------------------------------------------------- blobs
+
+class BlobView:
+    """pycaffe's Blob: `data` and `diff` arrays (write into them with `[...] =`), `shape`, `count`,
+    `num`/`channels`/`height`/`width` and `reshape(*shape)`, over a Blob of the net."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob):
+        self._blob = blob
+
+    @property
+    def data(self):
+        return self._blob.data
+
+    @property
+    def diff(self):
+        return self._blob.diff
+
+    @property
+    def shape(self):
+        return self._blob.shape
+
+    @property
+    def count(self):
+        return self._blob.count
+
+    def _axis(self, i):
+        # Caffe's legacy accessors: axes past the blob's own count as 1.
+        return self._blob.shape[i] if i < len(self._blob.shape) else 1
+
+    num = property(lambda self: self._axis(0))
+    channels = property(lambda self: self._axis(1))
+    height = property(lambda self: self._axis(2))
+    width = property(lambda self: self._axis(3))
+
+    def reshape(self, *shape):
+        """`blob.reshape(n, c, h, w)` like pycaffe (a single tuple works too); call `net.reshape()` after."""
+        if len(shape) == 1 and not numpy.isscalar(shape[0]):
+            shape = tuple(shape[0])
+        self._blob.reshape(shape)
+
+    def __repr__(self):
+        return f"BlobView(shape={self.shape})"
+
+
+# ---------------------------------------------------------------- nets
+
+def _net_arguments(args, weights, phase):
+    """pycaffe's positional forms: Net(file, phase) and Net(file, weights, phase); Net(file, weights) too."""
+    if len(args) > 2:
+        raise TypeError(f"Net() takes the network file and at most 2 positional arguments (weights, phase), "
+                        f"got {len(args)}")
+    if len(args) == 2:
+        given_weights, given_phase = args
+    elif len(args) == 1 and isinstance(args[0], (str, bytes, os.PathLike)):
+        given_weights, given_phase = args[0], None
+    elif len(args) == 1:
+        given_weights, given_phase = None, args[0]
+    else:
+        given_weights, given_phase = None, None
+    for name, positional, keyword in (("weights", given_weights, weights), ("phase", given_phase, phase)):
+        if positional is not None and keyword is not None:
+            raise TypeError(f"Net() got {name} both as a positional and as a keyword argument")
+    weights = given_weights if weights is None else weights
+    phase = given_phase if phase is None else phase
+    return weights, TEST if phase is None else phase
+
+
+class Net:
+    """A net made from a prototxt file, with pycaffe's interface.
+
+    `Net(network_file, phase)`, `Net(network_file, weights, phase)` or
+    `Net(network_file, weights=None, phase=TEST, level=0, stages=None)`; `phase` is scaffe.TRAIN or
+    scaffe.TEST (or "TRAIN"/"TEST"). It computes on numpy, or on cupy after `set_mode_gpu()`.
+    """
+
+    def __init__(self, network_file, *args, weights=None, phase=None, level=0, stages=None):
+        weights, phase = _net_arguments(args, weights, phase)
+        self._net = _CoreNet.from_file(network_file, phase, list(stages or []), level, xp=_array_module())
+        if weights is not None:
+            self._net.copy_trained_layers_from(weights)
+
+    @classmethod
+    def _wrap(cls, core_net):
+        """The pycaffe view of a net that scaffe built (a solver's train or test net)."""
+        view = cls.__new__(cls)
+        view._net = core_net
+        return view
+
+    # ------------------------------------------------------------ what the net holds
+
+    @property
+    def blobs(self):
+        """OrderedDict of blob name -> BlobView, in net order (input to output)."""
+        core = self._net
+        return collections.OrderedDict((name, BlobView(blob)) for name, blob in zip(core.blob_names, core.blobs_list))
+
+    @property
+    def params(self):
+        """OrderedDict of layer name -> [BlobView of each parameter blob] for layers that have parameters."""
+        return collections.OrderedDict((name, [BlobView(b) for b in layer.blobs])
+                                       for name, layer in zip(self._net.layer_names, self._net.layers) if layer.blobs)
+
+    @property
+    def layers(self):
+        return list(self._net.layers)
+
+    @property
+    def _layer_names(self):
+        return list(self._net.layer_names)
+
+    @property
+    def _blob_names(self):
+        return list(self._net.blob_names)
+
+    @property
+    def layer_dict(self):
+        return collections.OrderedDict(zip(self._net.layer_names, self._net.layers))
+
+    @property
+    def inputs(self):
+        """Names of the blobs that Input layers fill (what forward(**inputs) takes)."""
+        return [self._net.blob_names[i] for i in self._net.input_blob_ids]
+
+    @property
+    def outputs(self):
+        """Names of the blobs no layer consumes, in Caffe's order."""
+        return list(self._net.output_names)
+
+    @property
+    def top_names(self):
+        core = self._net
+        return collections.OrderedDict((name, [core.blob_names[i] for i in ids])
+                                       for name, ids in zip(core.layer_names, core.top_id_vecs))
+
+    @property
+    def bottom_names(self):
+        core = self._net
+        return collections.OrderedDict((name, [core.blob_names[i] for i in ids])
+                                       for name, ids in zip(core.layer_names, core.bottom_id_vecs))
+
+    @property
+    def blob_loss_weights(self):
+        return collections.OrderedDict(zip(self._net.blob_names, self._net.blob_loss_weights))
+
+    # ------------------------------------------------------------ running
+
+    def _layer_index(self, name, what):
+        try:
+            return self._net.layer_names_index[name]
+        except KeyError:
+            raise ValueError(f"{what}={name!r}: no layer of that name in {self._net.source}") from None
+
+    def _blob_list(self, names, what):
+        unknown = [n for n in names if n not in self._net.blobs]
+        if unknown:
+            raise ValueError(f"{what}: no blob named {', '.join(map(repr, unknown))} in {self._net.source}")
+        return list(names)
+
+    def _fill(self, arrays, expected, field, what):
+        """Copies {blob name: array} into the blobs' data or diff, as pycaffe's forward/backward do."""
+        if set(arrays) != set(expected):
+            raise ValueError(f"{what}: got arrays for {sorted(arrays)}, the net needs exactly {sorted(expected)}")
+        for name, array in arrays.items():
+            blob = self._net.blobs[name]
+            target = getattr(blob, field)
+            if numpy.ndim(array) < 1 or numpy.shape(array)[0] != blob.shape[0]:
+                raise ValueError(f"{what}: {name} has shape {numpy.shape(array)}, the blob holds a batch of "
+                                 f"{blob.shape[0]} ({blob.shape}); reshape the blob and call net.reshape() first")
+            try:
+                target[...] = blob.xp.asarray(array)
+            except ValueError:
+                raise ValueError(f"{what}: {name} has shape {numpy.shape(array)}, the blob has shape {blob.shape}; "
+                                 f"reshape the blob and call net.reshape() first") from None
+
+    def forward(self, blobs=None, start=None, end=None, **inputs):
+        """Runs layers `start`..`end` (names, inclusive; default all) after copying `inputs` (blob name ->
+        array, all of net.inputs) in; returns {name: data array} of the outputs (of `end`'s tops when
+        `end` is given) and of the extra `blobs` named."""
+        extra = self._blob_list(blobs or [], "forward(blobs=...)")
+        start_id = 0 if start is None else self._layer_index(start, "start")
+        if end is None:
+            end_id, wanted = len(self._net.layers) - 1, self.outputs + extra
+        else:
+            end_id = self._layer_index(end, "end")
+            wanted = self.top_names[end] + extra
+        if inputs:
+            self._fill(inputs, self.inputs, "data", "forward()")
+        self._net.forward(start_id, end_id)
+        return {name: self._net.blobs[name].data for name in dict.fromkeys(wanted)}
+
+    def backward(self, diffs=None, start=None, end=None, **top_diffs):
+        """Runs layers `start` down to `end` backward after copying `top_diffs` (output blob name -> array,
+        all of net.outputs) into the outputs' diffs; returns {name: diff array} of the inputs (of `end`'s
+        bottoms when `end` is given) and of the extra `diffs` named."""
+        extra = self._blob_list(diffs or [], "backward(diffs=...)")
+        start_id = len(self._net.layers) - 1 if start is None else self._layer_index(start, "start")
+        if end is None:
+            end_id, wanted = 0, self.inputs + extra
+        else:
+            end_id = self._layer_index(end, "end")
+            wanted = self.bottom_names[end] + extra
+        if top_diffs:
+            self._fill(top_diffs, self.outputs, "diff", "backward()")
+        self._net.backward_from_to(start_id, end_id)
+        return {name: self._net.blobs[name].diff for name in dict.fromkeys(wanted)}
+
+    def reshape(self):
+        """Propagates new input shapes (after `net.blobs[name].reshape(...)`) through every layer."""
+        self._net.reshape()
+
+    # ------------------------------------------------------------ weights
+
+    def copy_from(self, weights):
+        """Loads a .caffemodel (or .caffemodel.h5) into the layers of the same name."""
+        self._net.copy_trained_layers_from(weights)
+
+    def share_with(self, other):
+        """Uses `other`'s parameter arrays in the layers of the same name."""
+        self._net.share_trained_layers_with(other._net)
+
+    def save(self, path):
+        """Writes the weights as a binary .caffemodel."""
+        self._net.save(path)
+
+    def close(self):
+        """Stops the data readers and closes the databases of this net."""
+        self._net.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# ---------------------------------------------------------------- solvers
+
+class Solver:
+    """A solver made from a solver prototxt, with pycaffe's interface: `net`, `test_nets`, `iter`,
+    `step(n)`, `solve()`, `snapshot()`, `restore(path)`. Its nets are made in the current mode, and
+    its test nets share the training net's weights from the start.
+
+    `Solver(path)` and `get_solver(path)` use the file's `type`; SGDSolver, AdamSolver ... force theirs.
+    """
+
+    type = None
+
+    def __init__(self, solver_file):
+        solver_file = os.fspath(solver_file)
+        param = read_solver_file(solver_file)
+        cls = solver_class(self.type or param.type)
+        self._solver = cls(param, source=solver_file, net_kwargs={"xp": _array_module()})
+        # Test nets see the training weights from the start, not only after the first test
+        # (Caffe shares them in Solver::Test, so a test net read before it holds filler values).
+        for net in self._solver.test_nets:
+            net.share_trained_layers_with(self._solver.net)
+        self.net = Net._wrap(self._solver.net)
+        self.test_nets = [Net._wrap(net) for net in self._solver.test_nets]
+
+    @property
+    def iter(self):
+        return self._solver.iter
+
+    @property
+    def param(self):
+        return self._solver.param
+
+    def step(self, iters):
+        """Runs `iters` training iterations (tests and snapshots fall due as in Caffe)."""
+        self._solver.step(int(iters))
+
+    def solve(self, resume_file=None):
+        """Trains to max_iter, optionally resuming from a .solverstate first."""
+        self._solver.solve(resume_file)
+
+    def snapshot(self):
+        """Writes <prefix>_iter_<N>.caffemodel and .solverstate; returns the model file name."""
+        return self._solver.snapshot()
+
+    def restore(self, state_file):
+        self._solver.restore(state_file)
+
+    def test(self, test_net_id=0):
+        """Scores test net `test_net_id` over its test_iter batches; returns {output: mean}."""
+        return self._solver.test(test_net_id)
+
+    def close(self):
+        self._solver.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class SGDSolver(Solver):
+    type = "SGD"
+
+
+class NesterovSolver(Solver):
+    type = "Nesterov"
+
+
+class AdaGradSolver(Solver):
+    type = "AdaGrad"
+
+
+class RMSPropSolver(Solver):
+    type = "RMSProp"
+
+
+class AdaDeltaSolver(Solver):
+    type = "AdaDelta"
+
+
+class AdamSolver(Solver):
+    type = "Adam"
+
+
+def get_solver(solver_file):
+    """The solver the file describes (its `type`, default SGD)."""
+    return Solver(solver_file)
