@@ -7,6 +7,7 @@ Tops: data (N x C x H x W float32) and, optionally, label (N,).
 import weakref
 
 import numpy
+from google.protobuf.message import DecodeError
 
 from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
 from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
@@ -55,11 +56,19 @@ class DataLayer(Layer):
             raise ValueError(f"{where}: database {self.source!r} is empty")
         self.transformer = DataTransformer(self.param.transform_param, self.phase, rng=None)
         self.output_labels = len(top) > 1
-        # Shape the tops from the first record, as Caffe does; the reader starts later so the
-        # net can still set shard_rank/shard_count after setup.
+        # Shape the tops from the first record, as Caffe does, and put it through the transformer
+        # so a record or transform_param that cannot work fails here, not at its first batch. The
+        # reader starts later so the net can still set shard_rank/shard_count after setup.
         with self.database.env.begin(buffers=False) as txn:
-            _, first = next(iter(txn.cursor()))
-        sample, _ = self.transformer.decode(first)
+            key, first = next(iter(txn.cursor()))
+        try:
+            sample, _ = self._decode(key, first)
+        except ValueError as e:
+            raise ValueError(f"{self.source}: {e}") from None
+        try:
+            self.transformer.transform(sample)
+        except ValueError as e:
+            raise ValueError(f"{self.source}: {_record_error(key, e)}") from None
         self.sample_shape = self.transformer.output_shape(sample.shape)
         top[0].reshape((self.batch_size,) + self.sample_shape)
         if self.output_labels:
@@ -83,18 +92,29 @@ class DataLayer(Layer):
 
         self._prefetcher = Prefetcher(produce, depth=self.prefetch_depth, name=f"scaffe-data-{self.name}")
 
+    def _decode(self, key, value):
+        """(sample, label) of the record `key`; errors name the key (the caller adds the database)."""
+        try:
+            sample, label = self.transformer.decode(value)
+        except DecodeError as e:
+            raise _record_error(key, f"not a Caffe Datum (DecodeError: {' '.join(str(e).split())})") from None
+        except ValueError as e:
+            raise _record_error(key, e) from None
+        if sample.size == 0:
+            raise _record_error(key, "not a Caffe Datum (no channels, height and width)")
+        return sample, label
+
     def _load_batch(self):
         samples, labels = [], numpy.empty(self.batch_size, dtype=numpy.float32)
         for i in range(self.batch_size):
-            _, value = self._cursor.next()
-            sample, labels[i] = self.transformer.decode(value)
+            key, value = self._cursor.next()
+            sample, labels[i] = self._decode(key, value)
+            # Caffe sizes each batch by its first sample, so encoded images of varying size work
+            # with batch_size 1; mixed sizes inside one batch are an error.
+            if samples and sample.shape != samples[0].shape:
+                raise _record_error(key, f"sample of shape {sample.shape} in a batch whose first sample has "
+                                         f"shape {samples[0].shape}")
             samples.append(sample)
-        # Caffe sizes each batch by its first sample, so encoded images of varying size work
-        # with batch_size 1; mixed sizes inside one batch are an error.
-        shape = samples[0].shape
-        for s in samples[1:]:
-            if s.shape != shape:
-                raise ValueError(f"samples of one batch differ in shape: {shape} vs {s.shape}")
         return self.transformer.transform_batch(samples), labels
 
     def reshape(self, bottom, top):
@@ -133,3 +153,9 @@ class DataLayer(Layer):
                 self._prefetcher.close()
         except Exception:  # interpreter shutdown: the daemon thread dies with the process
             pass
+
+
+def _record_error(key, problem):
+    """A ValueError naming the database record `key` (bytes from the cursor)."""
+    name = key.decode("ascii", errors="replace") if isinstance(key, bytes) else str(key)
+    return ValueError(f"record {name!r}: {problem}")

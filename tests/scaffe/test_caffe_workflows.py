@@ -1,0 +1,97 @@
+"""Caffe workflows without surprises: bad LMDB records, weights that miss layers, --help, `scaffe time`."""
+import re
+
+import numpy as np
+import pytest
+
+from scaffe import io as sio
+from scaffe.cli import main
+from scaffe.data.datum import array_to_datum
+from scaffe.data.lmdb_writer import LMDBWriter
+from scaffe.net import Net, NetError
+
+DATA_NET = """
+layer {{ name: "db" type: "Data" top: "data" top: "label" transform_param {{ {transform} }}
+  data_param {{ source: "{source}" batch_size: 4 backend: LMDB }} }}
+layer {{ name: "fc" type: "InnerProduct" bottom: "data" top: "y" inner_product_param {{ num_output: 2 }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "y" bottom: "label" top: "loss" }}
+"""
+
+
+def write_lmdb(path, values):
+    with LMDBWriter(path) as writer:
+        for i, value in enumerate(values):
+            writer.put(f"{i:08d}", value)
+    return str(path)
+
+
+def digit(shape=(1, 4, 4), label=0):
+    return array_to_datum(np.full(shape, 7, np.uint8), label).SerializeToString()
+
+
+def data_net(source, transform=""):
+    return Net(sio.parse_net_text(DATA_NET.format(source=source, transform=transform)), "TRAIN", source="net.prototxt")
+
+
+# ---------------------------------------------------------------- records that are not Datums
+
+def test_lmdb_of_non_datums_is_one_line_naming_database_and_key(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write_lmdb(tmp_path / "x_lmdb", [b"\xff\xff\xff\xff"] * 3)
+    (tmp_path / "net.prototxt").write_text(DATA_NET.format(source="x_lmdb", transform=""))
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0.1 lr_policy: "fixed" max_iter: 1\n')
+    code = main(["train", "--solver=solver.prototxt"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("scaffe train: error: ")
+    assert re.search(r"x_lmdb: record '00000000': not a Caffe Datum \(DecodeError: .+\)$", last), last
+
+
+def test_a_later_non_datum_record_names_its_key(tmp_path):
+    source = write_lmdb(tmp_path / "db", [digit()] * 5 + [b"\xff\xff"] + [digit()] * 2)
+    net = data_net(source)
+    try:
+        net.forward()  # records 0..3
+        with pytest.raises(RuntimeError, match=r"'.*db'.*record '00000005': not a Caffe Datum"):
+            net.forward()
+    finally:
+        net.close()
+
+
+def test_a_parsable_value_without_a_shape_is_not_a_datum(tmp_path):
+    # Protobuf reads these bytes as unknown fields, giving an empty Datum.
+    source = write_lmdb(tmp_path / "db", [b"\x08\x00" * 4])
+    with pytest.raises(NetError, match=r"db: record '00000000': not a Caffe Datum \(no channels"):
+        data_net(source)
+
+
+# ---------------------------------------------------------------- record sizes, checked at set-up
+
+def test_first_record_of_the_wrong_size_fails_at_set_up_naming_the_key(tmp_path):
+    bad = array_to_datum(np.zeros((1, 4, 4), np.uint8))
+    bad.data = bad.data[:10]
+    source = write_lmdb(tmp_path / "db", [bad.SerializeToString(), digit()])
+    with pytest.raises(NetError, match=r"layer 'db' \(Data\): .*db: record '00000000': Datum holds 10 bytes"):
+        data_net(source)
+
+
+def test_first_record_that_does_not_fit_the_mean_file_fails_at_set_up(tmp_path):
+    sio.write_blobproto(sio.array_to_blobproto(np.zeros((1, 1, 5, 5), np.float32)), str(tmp_path / "mean.binaryproto"))
+    source = write_lmdb(tmp_path / "db", [digit()] * 4)
+    with pytest.raises(NetError, match=r"db: record '00000000': mean_file holds shape"):
+        data_net(source, transform=f'mean_file: "{tmp_path / "mean.binaryproto"}"')
+
+
+def test_a_later_record_of_another_size_names_its_key(tmp_path):
+    source = write_lmdb(tmp_path / "db", [digit()] * 6 + [digit((1, 5, 5))] + [digit()])
+    net = data_net(source)
+    try:
+        assert net.blobs["data"].shape == (4, 1, 4, 4)
+        net.forward()
+        with pytest.raises(RuntimeError, match=r"record '00000006': sample of shape \(1, 5, 5\) in a batch "
+                                               r"whose first sample has shape \(1, 4, 4\)"):
+            net.forward()
+    finally:
+        net.close()
