@@ -679,6 +679,18 @@ class Net:
     def copy_trained_layers_from(self, source):
         """Copies blobs from a NetParameter, a .caffemodel path or a .caffemodel.h5 path into the
         layers of the same name (Caffe's CopyTrainedLayersFrom); other layers keep their values."""
+        where = "<NetParameter>" if isinstance(source, caffe_pb2.NetParameter) else os.fspath(source)
+        copied = self._copy_trained_layers(source)
+        # Caffe is silent here, but a renamed or misspelt layer then trains from its fillers unnoticed.
+        missing = [name for layer_id, (name, layer) in enumerate(zip(self.layer_names, self.layers))
+                   if layer.blobs and name not in copied
+                   and any(self.param_owners[p] < 0 for p in self.param_id_vecs[layer_id])]
+        if missing:
+            log.warning("%s has no weights for layer(s) %s of %s: they keep their filler values",
+                        where, ", ".join(f"'{n}'" for n in missing), self.source)
+
+    def _copy_trained_layers(self, source):
+        """Names of the layers copied from `source`."""
         if isinstance(source, caffe_pb2.NetParameter):
             return self._copy_from_param(source, "<NetParameter>")
         path = os.fspath(source)
@@ -693,6 +705,7 @@ class Net:
         return self._copy_from_param(param, path)
 
     def _copy_from_param(self, param, where):
+        copied = set()
         layers = list(param.layer) if len(param.layer) else list(param.layers)
         for source_layer in layers:
             name = source_layer.name
@@ -711,9 +724,12 @@ class Net:
                         f"rename the layer to learn its parameters from scratch")
                 values = sio.blobproto_to_array(stored, shape=blob.shape)
                 _assign(blob.data, values)
+            copied.add(name)
+        return copied
 
     def _copy_from_hdf5(self, path):
         import h5py
+        copied = set()
         try:
             with h5py.File(path, "r") as f:
                 if "data" not in f:
@@ -742,8 +758,10 @@ class Net:
                                 f"{_shape_str(values.shape)}, net ({self.source}) has {_shape_string(blob)}; "
                                 f"rename the layer to learn its parameters from scratch")
                         _assign(blob.data, values)
+                    copied.add(name)
         except OSError as e:
             raise NetError(f"{path}: cannot read as a Caffe HDF5 model: {' '.join(str(e).split())}") from None
+        return copied
 
     def share_trained_layers_with(self, other):
         """Makes this net's layers use the parameter arrays of `other`'s layers of the same name

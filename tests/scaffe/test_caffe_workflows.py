@@ -95,3 +95,33 @@ def test_a_later_record_of_another_size_names_its_key(tmp_path):
             net.forward()
     finally:
         net.close()
+
+
+# ---------------------------------------------------------------- weights that miss layers
+
+TWO_LAYERS = """
+layer { name: "in" type: "DummyData" top: "a" top: "t"
+  dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 2 } } }
+layer { name: "fc1" type: "InnerProduct" bottom: "a" top: "h" inner_product_param { num_output: 4 } }
+layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
+layer { name: "%s" type: "InnerProduct" bottom: "h" top: "y" inner_product_param { num_output: 2 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("save", ["save", "save_hdf5"])
+def test_weights_without_a_learnable_layer_log_a_warning_naming_it(tmp_path, monkeypatch, capsys, save):
+    monkeypatch.chdir(tmp_path)
+    weights = f"old.caffemodel{'.h5' if save == 'save_hdf5' else ''}"
+    getattr(Net(sio.parse_net_text(TWO_LAYERS % "fc2"), "TEST"), save)(weights)
+    (tmp_path / "net.prototxt").write_text(TWO_LAYERS % "fc2_renamed")
+    code = main(["test", "--model=net.prototxt", f"--weights={weights}", "--iterations=1"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    warnings = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("W")]
+    assert warnings == [f"{weights} has no weights for layer(s) 'fc2_renamed' of net.prototxt: "
+                        f"they keep their filler values"]
+    # Loading a file that has every layer stays quiet.
+    (tmp_path / "net.prototxt").write_text(TWO_LAYERS % "fc2")
+    assert main(["test", "--model=net.prototxt", f"--weights={weights}", "--iterations=1"]) == 0
+    assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("W") and "fc2" in line]
