@@ -69,8 +69,9 @@ def _common(p, model=False):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="scaffe", usage=_USAGE, add_help=True)
-    sub = p.add_subparsers(dest="command")
+    # argparse prints "usage: " itself; subcommands get "scaffe <command>" as their prog.
+    p = argparse.ArgumentParser(prog="scaffe", usage=_USAGE.removeprefix("usage: "), add_help=True)
+    sub = p.add_subparsers(dest="command", prog="scaffe")
     t = sub.add_parser("train", help="train or finetune a model")
     _common(t)
     t.add_argument("--solver", default="", help="the solver definition (.prototxt)")
@@ -292,6 +293,9 @@ def _time(args):
         log.info("Performing Backward")
         net.backward()
         iterations = args.iterations
+        log.info("Backward times call every layer's Backward with this net's propagate_down flags, as Caffe's "
+                 "`caffe time` does: bottom gradients that nothing needs (all of them in a net without a loss) "
+                 "are skipped, parameter gradients are computed.")
         log.info("*** Benchmark begins ***")
         log.info("Testing for %d iterations.", iterations)
         layers = net.layers

@@ -125,3 +125,43 @@ def test_weights_without_a_learnable_layer_log_a_warning_naming_it(tmp_path, mon
     (tmp_path / "net.prototxt").write_text(TWO_LAYERS % "fc2")
     assert main(["test", "--model=net.prototxt", f"--weights={weights}", "--iterations=1"]) == 0
     assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("W") and "fc2" in line]
+
+
+# ---------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("command", ["train", "test", "time", "device_query", "convert", "compute_image_mean"])
+def test_every_subcommand_help_has_one_usage_prefix(capsys, command):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: scaffe {command} ")
+    assert "usage: usage:" not in out
+
+
+def test_time_states_its_backward_convention_and_follows_it(tmp_path, monkeypatch, capsys):
+    """Like Caffe's `caffe time`, every layer's Backward runs with the net's propagate_down flags
+    (all False in a deploy net), and the log says so."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "deploy.prototxt").write_text("""
+        layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "fc" type: "InnerProduct" bottom: "data" top: "h" inner_product_param { num_output: 4 } }
+        layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }
+        layer { name: "prob" type: "Softmax" bottom: "h" top: "prob" }""")
+    calls = []
+    from_file = Net.from_file.__func__
+
+    def recording_from_file(cls, *args, **kwargs):
+        net = from_file(cls, *args, **kwargs)
+        for layer in net.layers:
+            def backward(top, propagate_down, bottom, layer=layer, run=layer.backward):
+                calls.append((layer.name, list(propagate_down)))
+                return run(top, propagate_down, bottom)
+            layer.backward = backward
+        return net
+
+    monkeypatch.setattr(Net, "from_file", classmethod(recording_from_file))
+    assert main(["time", "--model=deploy.prototxt", "--iterations=2"]) == 0
+    err = capsys.readouterr().err
+    assert ("Backward times call every layer's Backward with this net's propagate_down flags, as Caffe's "
+            "`caffe time` does") in err
+    # net.backward() before the benchmark runs no layer of a deploy net; the benchmark runs each one.
+    assert calls == [("prob", [False]), ("relu", [False]), ("fc", [False]), ("data", [])] * 2
