@@ -2,7 +2,11 @@
 import os
 import threading
 
+from scaffe.data.lmdb_file import LMDBFile, LMDBFormatError
 from scaffe.data.sharding import ShardSpec
+from scaffe.log import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["LMDBDatabase", "ShardedCursor", "open_database", "database_kind"]
 
@@ -26,30 +30,46 @@ def database_kind(path):
 
 
 # py-lmdb allows one open Environment per database per process, but a TRAIN and a TEST net
-# (or two Data layers) often read the same database: they share one, counted by real path.
+# (or two Data layers) often read the same database: they share one, counted by the data file's
+# identity (device and inode, as py-lmdb tells databases apart). A database that other code in
+# the process holds open through py-lmdb is read by scaffe.data.lmdb_file instead.
 _envs = {}
 _envs_lock = threading.Lock()
 
 
-def _acquire_env(path):
+def _env_key(path):
+    st = os.stat(os.path.join(path, "data.mdb") if os.path.isdir(path) else path)
+    return st.st_dev, st.st_ino
+
+
+def _open_env(path):
     import lmdb
 
-    key = os.path.realpath(path)
+    try:
+        return lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(path),
+                         max_readers=512)
+    except lmdb.Error as e:
+        if "already open in this process" not in str(e):
+            raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
+    log.info("LMDB %s is already open elsewhere in this process; reading it from its data file", path)
+    try:
+        return LMDBFile(path)
+    except LMDBFormatError as e:
+        raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
+
+
+def _acquire_env(path):
+    """(key for _release_env, the environment) of the LMDB at `path`."""
+    key = _env_key(path)
     with _envs_lock:
         entry = _envs.get(key)
         if entry is None:
-            try:
-                env = lmdb.open(path, readonly=True, lock=False, readahead=False,
-                                subdir=os.path.isdir(path), max_readers=512)
-            except lmdb.Error as e:
-                raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
-            entry = _envs[key] = [env, 0]
+            entry = _envs[key] = [_open_env(path), 0]
         entry[1] += 1
-        return entry[0]
+        return key, entry[0]
 
 
-def _release_env(path):
-    key = os.path.realpath(path)
+def _release_env(key):
     with _envs_lock:
         entry = _envs.get(key)
         if entry is None:
@@ -72,7 +92,7 @@ class LMDBDatabase:
         self.env = None
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"LMDB database {self.path!r} does not exist")
-        self.env = _acquire_env(self.path)
+        self._env_key, self.env = _acquire_env(self.path)
         self.num_records = int(self.env.stat()["entries"])
 
     def __len__(self):
@@ -89,7 +109,7 @@ class LMDBDatabase:
 
     def close(self):
         if self.env is not None:
-            _release_env(self.path)
+            _release_env(self._env_key)
             self.env = None
 
     def __del__(self):

@@ -4,10 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 
 import scaffe
+from scaffe.data.datum import datum_to_array
 from scaffe.tools.convert_mnist import ensure_mnist_lmdb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,6 +187,21 @@ def test_net_opens_a_database_that_a_solver_has_open(mnist_lmdbs, monkeypatch):
         solver.step(1)
     finally:
         solver.close()
+
+
+def test_net_opens_a_database_that_the_script_opened_with_py_lmdb(mnist_lmdbs, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    env = lmdb.open(mnist_lmdbs[1], readonly=True)  # as pycaffe scripts do to look at the data
+    try:
+        with env.begin() as txn:
+            first = txn.get(b"00000000")
+        with scaffe.Net(TRAIN_TEST, scaffe.TEST) as net:
+            net.forward()
+            image, label = datum_to_array(first)
+            np.testing.assert_array_equal(net.blobs["data"].data[0], image * np.float32(0.00390625))
+            assert net.blobs["label"].data[0] == label
+    finally:
+        env.close()
 
 
 def test_set_mode_gpu_without_a_gpu_is_a_clear_error():
