@@ -128,7 +128,7 @@ def _net_arguments(args, weights, phase):
                         f"got {len(args)}")
     if len(args) == 2:
         given_weights, given_phase = args
-    elif len(args) == 1 and isinstance(args[0], (str, bytes, os.PathLike)):
+    elif len(args) == 1 and isinstance(args[0], (str, os.PathLike)):
         given_weights, given_phase = args[0], None
     elif len(args) == 1:
         given_weights, given_phase = None, args[0]
