@@ -393,6 +393,10 @@ def _convert(argv):
     if kind == "imageset":
         from scaffe.tools import convert_imageset
         return convert_imageset.main(argv)
+    if kind in ("-h", "--help"):
+        sys.stdout.write("usage: scaffe convert mnist [IMAGES LABELS DB] | imageset [flags] ROOT/ LIST DB\n"
+                         "  (scaffe convert mnist --help, scaffe convert imageset --help: their flags)\n")
+        return 0
     raise SystemExit(f"scaffe convert: say what to convert: mnist [IMAGES LABELS DB] or imageset ROOT/ LIST DB, "
                      f"got {kind!r}")
 
