@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# A cluster on one machine: H hosts, each a Linux network namespace with its own address on one bridge,
+# and MPI jobs launched across them by MPICH's hydra (ssh launcher, with `ip netns exec` in place of ssh).
+#
+#   jobs/cluster.sh up H [--rate RATE] [--burst SIZE]   make H hosts; RATE (e.g. 1gbit, 200mbit) shapes
+#                                                      every host's link, both directions (tbf)
+#   jobs/cluster.sh run [-n PER_HOST] CMD...           run CMD on PER_HOST ranks of every host (default 1)
+#   jobs/cluster.sh status                             hosts, addresses, link rate, processes left
+#   jobs/cluster.sh down                               kill what runs in the hosts, remove everything
+#
+# Runs as root. SCAFFE_BED names the bed (default scbed; up to 8 letters or digits): its namespaces are
+# NAMEh1..NAMEhH, its bridge NAMEbr, its veths NAMEv1..NAMEvH, so beds of different names never meet.
+# The subnet is 10.X.Y.0/24 derived from the name (SCAFFE_BED_NET=10.X.Y overrides); the bridge is .254.
+# `run` uses $MPIEXEC, else the active virtualenv's mpiexec, else the repository's .venv, else PATH's; it
+# must be hydra's. UCX (MPICH's transport) sees one kernel and would move traffic between namespaces
+# through shared memory, so `run` sets UCX_TLS=self,tcp (unless UCX_TLS is set) to make it cross the link.
+# Exit codes: 0 done, 1 failed, 2 usage, 3 this machine cannot host a bed (not root, no ip, no netns).
+set -Eeuo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bed=${SCAFFE_BED:-scbed}
+state=/run/scaffe-bed/$bed
+bridge=${bed}br
+
+die() { echo "cluster.sh: $2" >&2; exit "$1"; }
+usage() { sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+[[ $bed =~ ^[a-z][a-z0-9]{0,7}$ ]] || die 2 "SCAFFE_BED=$bed: give 1 to 8 lower-case letters or digits, starting with a letter"
+[[ $(id -u) == 0 ]] || die 3 "must run as root (namespaces, veths and bridges need CAP_NET_ADMIN)"
+command -v ip >/dev/null || die 3 "no 'ip' command here (install iproute2)"
+
+subnet() {
+    if [[ -n ${SCAFFE_BED_NET:-} ]]; then
+        [[ $SCAFFE_BED_NET =~ ^10\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die 2 "SCAFFE_BED_NET=$SCAFFE_BED_NET: give 10.X.Y"
+        echo "$SCAFFE_BED_NET"
+        return
+    fi
+    local sum
+    sum=$(printf %s "$bed" | cksum | cut -d' ' -f1)
+    echo "10.$((100 + sum % 100)).$(((sum / 100) % 256))"
+}
+
+# Namespaces of this bed that exist now, found by name so that `down` also clears a half-made bed.
+bed_namespaces() { ip netns list | awk '{print $1}' | grep -E "^${bed}h[0-9]+$" || true; }
+
+kill_namespace_processes() {
+    local ns=$1 pids tries=0
+    while pids=$(ip netns pids "$ns" 2>/dev/null) && [[ -n $pids ]]; do
+        ((tries++ < 100)) || die 1 "processes $pids in namespace $ns survive SIGKILL"
+        kill -KILL $pids 2>/dev/null || true
+        sleep 0.1
+    done
+}
+
+down() {
+    local ns i
+    for ns in $(bed_namespaces); do kill_namespace_processes "$ns"; done
+    for ns in $(bed_namespaces); do ip netns delete "$ns"; done
+    # A veth goes with its namespace end; these are only left by an `up` that stopped half-way.
+    for i in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${bed}v[0-9]+$" || true); do
+        ip link delete "$i"
+    done
+    if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge"; fi
+    rm -rf "$state"
+}
+
+# tbf's bucket must hold what the link sends in a timer tick (4 ms at HZ=250), and at least a few
+# 64 KiB segments that veth's offloads hand it, or it shapes below the asked rate.
+default_burst() {
+    [[ $1 =~ ^([0-9]+)([kmg]?)bit$ ]] || die 2 "--rate $1: give a rate like 1gbit, 200mbit or 500kbit"
+    local bits=${BASH_REMATCH[1]}
+    case ${BASH_REMATCH[2]} in k) bits=$((bits * 1000)) ;; m) bits=$((bits * 1000000)) ;; g) bits=$((bits * 1000000000)) ;; esac
+    local bytes=$((bits / 8 / 250))
+    echo $((bytes > 262144 ? bytes : 262144))
+}
+
+shape() {  # shape DEVICE [netns]: tbf on the egress of DEVICE
+    local dev=$1 ns=${2:-}
+    ip ${ns:+-n "$ns"} link set "$dev" up
+    [[ -n $rate ]] || return 0
+    if [[ -n $ns ]]; then
+        ip netns exec "$ns" tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
+    else
+        tc qdisc replace dev "$dev" root tbf rate "$rate" burst "$burst" latency 100ms
+    fi
+}
+
+up() {
+    local hosts=${1:-}
+    [[ $hosts =~ ^[0-9]+$ ]] && ((hosts >= 1 && hosts <= 99)) || usage
+    shift
+    rate="" burst=""
+    while (($#)); do
+        case $1 in
+            --rate) rate=${2:?--rate needs a value}; shift 2 ;;
+            --burst) burst=${2:?--burst needs a value}; shift 2 ;;
+            *) usage ;;
+        esac
+    done
+    if [[ -n $rate ]]; then
+        command -v tc >/dev/null || die 3 "--rate needs 'tc' (install iproute2)"
+        [[ -n $burst ]] || burst=$(default_burst "$rate")
+    fi
+    local net config
+    net=$(subnet)
+    config="hosts=$hosts net=$net rate=${rate:-none} burst=${burst:-none}"
+    if [[ -f $state/config && $(cat "$state/config") == "$config" && $(bed_namespaces | wc -l) == "$hosts" ]]; then
+        echo "bed $bed is already up: $config"
+        return 0
+    fi
+    down
+    local route
+    route=$(ip -4 route show "$net.0/24")
+    [[ -z $route ]] || die 1 "subnet $net.0/24 is already routed here ($route); set SCAFFE_BED_NET=10.X.Y or SCAFFE_BED"
+    trap 'down' ERR
+    mkdir -p "$state"
+    ip link add "$bridge" type bridge 2>/dev/null || { trap - ERR; down; die 3 "cannot create bridge $bridge (kernel without bridges, or no CAP_NET_ADMIN)"; }
+    ip addr add "$net.254/24" dev "$bridge"
+    ip link set "$bridge" up
+    local i ns cases=""
+    for ((i = 1; i <= hosts; i++)); do
+        ns=${bed}h$i
+        ip netns add "$ns" 2>/dev/null || { trap - ERR; down; die 3 "cannot create network namespace $ns (a container without CAP_SYS_ADMIN?)"; }
+        ip -n "$ns" link set lo up
+        ip link add "${bed}v$i" type veth peer name eth0 netns "$ns"
+        ip link set "${bed}v$i" master "$bridge"
+        shape "${bed}v$i"
+        ip -n "$ns" addr add "$net.$i/24" dev eth0
+        shape eth0 "$ns"
+        echo "$net.$i $ns" >>"$state/hosts"
+        cases+="    $net.$i) ns=$ns ;;"$'\n'
+    done
+    # hydra's ssh launcher calls this with [ssh options] HOST COMMAND...; like sshd, run the command
+    # through a shell (hydra quotes its arguments for one), here inside the host's namespace.
+    cat >"$state/launch" <<EOF
+#!/bin/sh
+while [ \$# -gt 0 ]; do case \$1 in -*) shift ;; *) break ;; esac; done
+case \$1 in
+$cases    *) echo "cluster.sh launcher: \$1 is not a host of bed $bed" >&2; exit 255 ;;
+esac
+shift
+exec ip netns exec "\$ns" /bin/sh -c "\$*"
+EOF
+    chmod +x "$state/launch"
+    echo "$config" >"$state/config"
+    trap - ERR
+    echo "bed $bed is up: $config"
+}
+
+find_mpiexec() {
+    local candidate
+    for candidate in "${MPIEXEC:-}" "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/mpiexec}" "$repo/.venv/bin/mpiexec" "$(command -v mpiexec || true)"; do
+        [[ -n $candidate && -x $candidate ]] || continue
+        "$candidate" --version 2>/dev/null | grep -q HYDRA ||
+            die 1 "$candidate is not MPICH's hydra mpiexec (the bed launches through its -launcher-exec); set MPIEXEC"
+        echo "$candidate"
+        return
+    done
+    die 1 "no mpiexec found (set MPIEXEC, activate the virtualenv, or make .venv: see README)"
+}
+
+run() {
+    local per_host=1
+    if [[ ${1:-} == -n ]]; then
+        per_host=${2:?-n needs a number}
+        shift 2
+    fi
+    [[ $per_host =~ ^[1-9][0-9]*$ ]] || die 2 "-n $per_host: give a number of ranks per host"
+    (($#)) || usage
+    [[ -f $state/hosts ]] || die 1 "bed $bed is not up (jobs/cluster.sh up H)"
+    local mpiexec hosts count
+    mpiexec=$(find_mpiexec)
+    hosts=$(awk -v n="$per_host" '{printf "%s%s:%d", (NR > 1 ? "," : ""), $1, n}' "$state/hosts")
+    count=$(($(wc -l <"$state/hosts") * per_host))
+    export UCX_TLS=${UCX_TLS:-self,tcp}
+    exec "$mpiexec" -launcher ssh -launcher-exec "$state/launch" -iface "$bridge" -hosts "$hosts" -n "$count" "$@"
+}
+
+status() {
+    if [[ ! -f $state/config ]]; then
+        echo "bed $bed is down"
+        [[ -z $(bed_namespaces) ]] || echo "  but namespaces are left: $(bed_namespaces | xargs); run down"
+        return 0
+    fi
+    echo "bed $bed: $(cat "$state/config"), bridge $bridge"
+    local addr ns
+    while read -r addr ns; do
+        echo "  $ns $addr: $(ip netns pids "$ns" 2>/dev/null | wc -l) process(es)"
+    done <"$state/hosts"
+}
+
+command=${1:-}
+shift || true
+case $command in
+    up) up "$@" ;;
+    run) run "$@" ;;
+    down) (($# == 0)) || usage; down; echo "bed $bed is down" ;;
+    status) status ;;
+    *) usage ;;
+esac
