@@ -6,6 +6,7 @@
 #                                                      every host's link, both directions (tbf)
 #   jobs/cluster.sh run [-n PER_HOST] CMD...           run CMD on PER_HOST ranks of every host (default 1)
 #   jobs/cluster.sh status                             hosts, addresses, link rate, processes left
+#   jobs/cluster.sh kill                               kill what runs in the hosts, keep them
 #   jobs/cluster.sh down                               kill what runs in the hosts, remove everything
 #
 # Runs as root. SCAFFE_BED names the bed (default scbed; up to 8 letters or digits): its namespaces are
@@ -23,7 +24,7 @@ state=/run/scaffe-bed/$bed
 bridge=${bed}br
 
 die() { echo "cluster.sh: $2" >&2; exit "$1"; }
-usage() { sed -n '5,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [[ $bed =~ ^[a-z][a-z0-9]{0,7}$ ]] || die 2 "SCAFFE_BED=$bed: give 1 to 8 lower-case letters or digits, starting with a letter"
 [[ $(id -u) == 0 ]] || die 3 "must run as root (namespaces, veths and bridges need CAP_NET_ADMIN)"
@@ -52,9 +53,14 @@ kill_namespace_processes() {
     done
 }
 
+kill_all() {
+    local ns
+    for ns in $(bed_namespaces); do kill_namespace_processes "$ns"; done
+}
+
 down() {
     local ns i
-    for ns in $(bed_namespaces); do kill_namespace_processes "$ns"; done
+    kill_all
     for ns in $(bed_namespaces); do ip netns delete "$ns"; done
     # A veth goes with its namespace end; these are only left by an `up` that stopped half-way.
     for i in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${bed}v[0-9]+$" || true); do
@@ -151,7 +157,7 @@ find_mpiexec() {
     local candidate
     for candidate in "${MPIEXEC:-}" "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/mpiexec}" "$repo/.venv/bin/mpiexec" "$(command -v mpiexec || true)"; do
         [[ -n $candidate && -x $candidate ]] || continue
-        "$candidate" --version 2>/dev/null | grep -q HYDRA ||
+        [[ $("$candidate" --version 2>/dev/null) == *HYDRA* ]] ||
             die 1 "$candidate is not MPICH's hydra mpiexec (the bed launches through its -launcher-exec); set MPIEXEC"
         echo "$candidate"
         return
@@ -196,5 +202,6 @@ case $command in
     run) run "$@" ;;
     down) (($# == 0)) || usage; down; echo "bed $bed is down" ;;
     status) status ;;
+    kill) (($# == 0)) || usage; kill_all ;;
     *) usage ;;
 esac

@@ -107,14 +107,18 @@ def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
     """numpy for the CPU, cupy on the chosen device for a GPU; logs like Caffe.
 
     An explicit --gpu requires a GPU. `solver_mode: GPU` without the flag (what Caffe's example
-    solvers say) uses device `device_id` when there is one and the CPU otherwise.
+    solvers say) uses device `device_id` when there is one and the CPU otherwise. Under an MPI launcher,
+    the rank of local rank r takes device r % GPUs (of those --gpu lists, or of all without the flag).
     """
     from kernels.backend import cupy_or_none
+    from scaffe.parallel.launch import device_for_rank, launcher_local_rank
+    local_rank = launcher_local_rank()
     if not gpu_flag:
         if not solver_mode_gpu or cupy_or_none() is None:
             log.info("Use CPU.")
             return numpy
-        gpu_flag = str(device_id)
+        # The solver's one device_id would put every rank of a host on the same GPU.
+        gpu_flag = str(device_id) if local_rank is None else "all"
     cupy = cupy_or_none()
     if cupy is None:
         raise CliError(f"--gpu={gpu_flag}: no CUDA GPU is usable here (cupy missing or no device); "
@@ -122,16 +126,19 @@ def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
     count = cupy.cuda.runtime.getDeviceCount()
     try:
         ids = list(range(count)) if gpu_flag == "all" else [int(g) for g in gpu_flag.split(",") if g != ""]
+        if not ids:
+            raise ValueError(gpu_flag)
     except ValueError:
         raise CliError(f"--gpu={gpu_flag}: give device ids like 0 or 0,1, or all") from None
     for g in ids:
         if not 0 <= g < count:
             raise CliError(f"--gpu={gpu_flag}: device {g} does not exist ({count} GPU(s) here)")
-    if len(ids) != 1:
+    if len(ids) != 1 and local_rank is None:
         raise CliError(f"--gpu={gpu_flag}: one process drives one GPU; for several, launch one process per "
                        f"GPU with mpirun (see jobs/)")
-    cupy.cuda.Device(ids[0]).use()
-    log.info("Use GPU with device ID %d", ids[0])
+    device = device_for_rank(ids, local_rank or 0)
+    cupy.cuda.Device(device).use()
+    log.info("Use GPU with device ID %d", device)
     return cupy
 
 

@@ -1,7 +1,39 @@
 """Turning a solver into a data-parallel one when the process was started by an MPI launcher."""
+import os
+
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
+
+# Where each launcher leaves the process's rank on its host, most specific first: inside a Slurm
+# allocation, mpiexec and mpirun_rsh also inherit SLURM_LOCALID from the batch step.
+LOCAL_RANK_VARIABLES = (
+    "MV2_COMM_WORLD_LOCAL_RANK",   # MVAPICH2's mpirun_rsh
+    "OMPI_COMM_WORLD_LOCAL_RANK",  # Open MPI's mpirun
+    "MPI_LOCALRANKID",             # MPICH's hydra mpiexec, Intel MPI
+    "PMI_LOCAL_RANK",              # PMI-2 launchers
+    "SLURM_LOCALID",               # srun
+)
+
+
+def launcher_local_rank(environ=os.environ):
+    """This process's rank among those on its host, as its launcher set it, or None without a launcher.
+
+    Read before MPI starts, so that a rank can choose its GPU before anything touches one.
+    """
+    for name in LOCAL_RANK_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            if not value.isdigit():
+                raise ValueError(f"{name}={value!r} is not a local rank (a number from 0); "
+                                 f"the launcher's environment is damaged")
+            return int(value)
+    return None
+
+
+def device_for_rank(device_ids, local_rank):
+    """The one device of `device_ids` that the process of `local_rank` drives: ranks take them in turn."""
+    return device_ids[local_rank % len(device_ids)]
 
 
 def world():

@@ -62,12 +62,20 @@ class Job:
 def launch(ranks, script, *args, env=None, timeout=60):
     """Run workers/<script> on `ranks` ranks; returns the finished Job (never raises on failure)."""
     command = [MPIEXEC, "-n", str(ranks)]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_VARIABLES)}
+    launcher_env = {}
     if OPEN_MPI:
         command.append("--oversubscribe")
-        full_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                        OMPI_MCA_rmaps_base_oversubscribe="1")
+        launcher_env = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                            OMPI_MCA_rmaps_base_oversubscribe="1")
     command += [sys.executable, str(WORKERS / script), *map(str, args)]
+    return run_command(command, env=env, timeout=timeout, launcher_env=launcher_env)
+
+
+def run_command(command, env=None, timeout=60, launcher_env=None):
+    """Run `command` (a launcher and what it starts) in its own process group with `env` on top of ours,
+    less the variables that change what the collectives do; returns the finished Job."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_VARIABLES)}
+    full_env.update(launcher_env or {})
     shown = {k: str(v) for k, v in (env or {}).items() if v is not None}
     full_env.update(shown)
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -92,7 +100,11 @@ def launch(ranks, script, *args, env=None, timeout=60):
 
 def run_ok(ranks, script, *args, env=None, timeout=60):
     """Run a worker that must succeed; fails the test with its output otherwise."""
-    job = launch(ranks, script, *args, env=env, timeout=timeout)
+    return require_ok(launch(ranks, script, *args, env=env, timeout=timeout))
+
+
+def require_ok(job):
+    """`job`, which must have ended well with a worker's OK line; fails the test with its output otherwise."""
     if job.timed_out or job.returncode != 0 or "WORKER-OK" not in job.stdout:
         pytest.fail(job.report(), pytrace=False)
     return job

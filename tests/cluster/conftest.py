@@ -1,0 +1,21 @@
+"""Tests on several hosts made on this machine (jobs/cluster.sh): they need root and network namespaces,
+as in CI, and skip with the reason elsewhere. One bed of 2 hosts per module, taken down even on failure."""
+import sys
+from pathlib import Path
+
+import pytest
+
+# The multi-rank harness and worker scripts of the collectives tests serve the bed too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
+
+from netns_bed import Bed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bed():
+    hosts = Bed(hosts=2)
+    hosts.up()
+    try:
+        yield hosts
+    finally:
+        hosts.down()
