@@ -81,6 +81,7 @@ def run_command(command, env=None, timeout=60, launcher_env=None):
     full_env["PYTHONUNBUFFERED"] = "1"
     # The worker prints where each rank is stuck a little before we kill it.
     full_env["SCAFFE_TEST_WATCHDOG_S"] = str(max(1.0, timeout - 3))
+    command = [str(part) for part in command]
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=full_env, cwd=REPO, start_new_session=True)
@@ -103,8 +104,9 @@ def run_ok(ranks, script, *args, env=None, timeout=60):
     return require_ok(launch(ranks, script, *args, env=env, timeout=timeout))
 
 
-def require_ok(job):
-    """`job`, which must have ended well with a worker's OK line; fails the test with its output otherwise."""
-    if job.timed_out or job.returncode != 0 or "WORKER-OK" not in job.stdout:
+def require_ok(job, marker="WORKER-OK"):
+    """`job`, which must have ended well (with the `marker` line of a worker, unless None); fails the test
+    with its output otherwise."""
+    if job.timed_out or job.returncode != 0 or (marker is not None and marker not in job.stdout):
         pytest.fail(job.report(), pytrace=False)
     return job

@@ -1,0 +1,128 @@
+"""Data-parallel training across 2 hosts x 2 ranks (TCP between the hosts): the same weights as one rank
+with 4 times the batch, `scaffe train` as a user runs it, and a killed rank that ends the job."""
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy
+import pytest
+
+from mpi_harness import MPIEXEC, OPEN_MPI, require_ok, run_command
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_WORKER = REPO / "tests" / "scaffe" / "workers" / "train_lenet.py"
+# One BLAS/numba thread per rank: 4 ranks already oversubscribe a 2-core machine.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+ITERATIONS, BATCH, RANKS = 4, 16, 4
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(REPO / "examples" / "mnist"))
+
+
+@pytest.fixture(scope="module")
+def one_rank_weights(mnist, tmp_path_factory):
+    """One rank with RANKS times the batch: what every data-parallel run below must reach."""
+    out = tmp_path_factory.mktemp("one_rank") / "weights.npz"
+    require_ok(run_command([sys.executable, TRAIN_WORKER, "scaffe", ITERATIONS, RANKS * BATCH, out],
+                           env=ONE_THREAD, timeout=240), marker=None)
+    return numpy.load(out)
+
+
+def assert_same_weights(got, expected):
+    assert got.files == expected.files
+    for name in expected.files:
+        scale = max(1.0, float(numpy.abs(expected[name]).max()))
+        numpy.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+def test_two_hosts_equal_one_rank_big_batch(bed, one_rank_weights, tmp_path, schedule):
+    out = tmp_path / "weights.npz"
+    require_ok(run_command(bed.command(2, sys.executable, TRAIN_WORKER, schedule, ITERATIONS, BATCH, out),
+                           env=ONE_THREAD, timeout=240), marker=None)
+    assert_same_weights(numpy.load(out), one_rank_weights)
+
+
+@pytest.mark.skipif(OPEN_MPI, reason="the one-host launch line is MPICH's")
+def test_simulated_nodes_equal_one_rank_big_batch(one_rank_weights, tmp_path):
+    """The same check on one host cut into nodes of 2 ranks (SCAFFE_RANKS_PER_NODE): no root needed."""
+    out = tmp_path / "weights.npz"
+    require_ok(run_command([MPIEXEC, "-n", RANKS, sys.executable, TRAIN_WORKER, "scaffe", ITERATIONS, BATCH, out],
+                           env=dict(ONE_THREAD, SCAFFE_RANKS_PER_NODE=2), timeout=240), marker=None)
+    assert_same_weights(numpy.load(out), one_rank_weights)
+
+
+def lenet_solver(tmp_path, test_interval):
+    """The bundled LeNet solver, with paths that work from anywhere and snapshots into tmp_path."""
+    text = (REPO / "examples" / "mnist" / "lenet_solver.prototxt").read_text()
+    text = text.replace('snapshot_prefix: "examples/mnist/lenet"', f'snapshot_prefix: "{tmp_path}/lenet"')
+    text = text.replace('net: "examples/mnist/lenet_train_test.prototxt"',
+                        f'net: "{REPO}/examples/mnist/lenet_train_test.prototxt"')
+    text = text.replace("test_interval: 500", f"test_interval: {test_interval}")
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(text)
+    return solver
+
+
+def test_scaffe_train_on_two_hosts(bed, mnist, tmp_path):
+    """What a user runs: `scaffe train` on 2 hosts x 2 ranks learns, tests and snapshots."""
+    iterations = 40
+    solver = lenet_solver(tmp_path, test_interval=iterations)
+    job = require_ok(run_command(bed.command(2, sys.executable, "-m", "scaffe", "train", f"--solver={solver}",
+                                             f"--iterations={iterations}"), env=ONE_THREAD, timeout=300),
+                     marker=None)
+    log = job.stdout + job.stderr
+    assert "Optimization Done." in log, log[-3000:]
+    assert "Data-parallel training on 4 ranks" in log and "2 node(s)" in log, log[-3000:]
+    accuracy = [float(line.rsplit("=", 1)[1]) for line in log.splitlines() if "Test net output #0: accuracy" in line]
+    assert len(accuracy) == 2 and accuracy[-1] >= 0.8, log[-3000:]
+    assert (tmp_path / f"lenet_iter_{iterations}.caffemodel").exists()
+
+
+def rank_pids(bed, host):
+    """The training ranks (not hydra's proxy or its shell) running in `host`."""
+    found = []
+    for pid in bed.pids(host):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if argv[1:3] == [b"-m", b"scaffe"]:
+            found.append(pid)
+    return found
+
+
+def test_killed_rank_on_second_host_ends_job(bed, mnist, tmp_path):
+    solver = lenet_solver(tmp_path, test_interval=100000)
+    log_path = tmp_path / "job.log"
+    with open(log_path, "w") as log:
+        job = subprocess.Popen(bed.command(2, sys.executable, "-m", "scaffe", "train", f"--solver={solver}",
+                                           "--iterations=100000"),
+                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                               env=dict(__import__("os").environ, **ONE_THREAD))
+    try:
+        deadline = time.monotonic() + 180
+        while "Iteration 0, lr" not in log_path.read_text():  # the ranks are in the training loop
+            assert job.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "training did not start:\n" + log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        victims = rank_pids(bed, 2)
+        assert len(victims) == 2, f"ranks on host 2: {victims}"
+        killed_at = time.monotonic()
+        subprocess.run(["kill", "-KILL", str(victims[-1])], check=True)
+        try:
+            returncode = job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job still runs 30 s after SIGKILL of one rank:\n" + log_path.read_text()[-3000:])
+        left = [pid for host in (1, 2) for pid in rank_pids(bed, host)]
+        assert returncode != 0 and not left, (returncode, left, log_path.read_text()[-3000:])
+        print(f"job ended {time.monotonic() - killed_at:.1f} s after the kill, exit code {returncode}")
+    finally:
+        if job.poll() is None:
+            job.kill()
+        bed.cluster("kill")
