@@ -61,14 +61,14 @@ kill_all() {
 bed_veths() { ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep -E "^${bed}v[0-9]+$" || true; }
 
 down() {
-    local ns veths tries=0
+    local ns veth veths tries=0
     kill_all
     for ns in $(bed_namespaces); do ip netns delete "$ns"; done
     # The kernel removes a deleted namespace's veths a little later; wait, so that an `up` of the
     # same name can follow at once (and delete those left by an `up` that stopped half-way).
     while veths=$(bed_veths) && [[ -n $veths ]]; do
         ((tries++ < 100)) || die 1 "veths $veths of bed $bed do not go away"
-        for ns in $veths; do ip link delete "$ns" 2>/dev/null || true; done
+        for veth in $veths; do ip link delete "$veth" 2>/dev/null || true; done
         sleep 0.1
     done
     if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge"; fi

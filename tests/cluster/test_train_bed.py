@@ -1,6 +1,6 @@
 """Data-parallel training across 2 hosts x 2 ranks (TCP between the hosts): the same weights as one rank
 with 4 times the batch, `scaffe train` as a user runs it, and a killed rank that ends the job."""
-import signal
+import os
 import subprocess
 import sys
 import time
@@ -104,7 +104,7 @@ def test_killed_rank_on_second_host_ends_job(bed, mnist, tmp_path):
         job = subprocess.Popen(bed.command(2, sys.executable, "-m", "scaffe", "train", f"--solver={solver}",
                                            "--iterations=100000"),
                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-                               env=dict(__import__("os").environ, **ONE_THREAD))
+                               env=dict(os.environ, **ONE_THREAD))
     try:
         deadline = time.monotonic() + 180
         while "Iteration 0, lr" not in log_path.read_text():  # the ranks are in the training loop
