@@ -2,8 +2,10 @@
 # A cluster on one machine: H hosts, each a Linux network namespace with its own address on one bridge,
 # and MPI jobs launched across them by MPICH's hydra (ssh launcher, with `ip netns exec` in place of ssh).
 #
-#   jobs/cluster.sh up H [--rate RATE] [--burst SIZE]   make H hosts; RATE (e.g. 1gbit, 200mbit) shapes
-#                                                      every host's link, both directions (tbf)
+#   jobs/cluster.sh up H [--rate RATE] [--burst SIZE] [--slurm]
+#                                                      make H hosts; RATE (e.g. 1gbit, 200mbit) shapes
+#                                                      every host's link, both directions (tbf); --slurm
+#                                                      starts Slurm on them (slurmctld, a slurmd per host)
 #   jobs/cluster.sh run [-n PER_HOST] CMD...           run CMD on PER_HOST ranks of every host (default 1)
 #   jobs/cluster.sh status                             hosts, addresses, link rate, processes left
 #   jobs/cluster.sh kill                               kill what runs in the hosts, keep them
@@ -15,7 +17,9 @@
 # `run` uses $MPIEXEC, else the active virtualenv's mpiexec, else the repository's .venv, else PATH's; it
 # must be hydra's. UCX (MPICH's transport) sees one kernel and would move traffic between namespaces
 # through shared memory, so `run` sets UCX_TLS=self,tcp (unless UCX_TLS is set) to make it cross the link.
-# Exit codes: 0 done, 1 failed, 2 usage, 3 this machine cannot host a bed (not root, no ip, no netns).
+# With --slurm, `status` prints the SLURM_CONF under which srun, sbatch and sinfo reach the bed's Slurm.
+# Exit codes: 0 done, 1 failed, 2 usage, 3 this machine cannot host a bed (not root, no ip, no netns,
+# or for --slurm no Slurm that starts).
 set -Eeuo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +28,7 @@ state=/run/scaffe-bed/$bed
 bridge=${bed}br
 
 die() { echo "cluster.sh: $2" >&2; exit "$1"; }
-usage() { sed -n '5,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [[ $bed =~ ^[a-z][a-z0-9]{0,7}$ ]] || die 2 "SCAFFE_BED=$bed: give 1 to 8 lower-case letters or digits, starting with a letter"
 [[ $(id -u) == 0 ]] || die 3 "must run as root (namespaces, veths and bridges need CAP_NET_ADMIN)"
@@ -72,7 +76,71 @@ down() {
         sleep 0.1
     done
     if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge"; fi
+    stop_slurmctld
     rm -rf "$state"
+}
+
+stop_slurmctld() {
+    local pidfile=$state/slurm/slurmctld.pid pid tries=0
+    [[ -f $pidfile ]] || return 0
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || return 0
+    while kill -0 "$pid" 2>/dev/null; do
+        ((tries++ < 100)) || { kill -KILL "$pid" 2>/dev/null || true; break; }
+        sleep 0.1
+    done
+}
+
+# Slurm on the hosts: slurmctld in the machine's own namespace on the bridge address, a slurmd per host.
+# auth/none lets any local user act as any other: fit for a bed on one machine, never for a cluster.
+slurm_up() {
+    local hosts=$1 net=$2 dir=$state/slurm i ns port cgroup_plugin=cgroup/v1 tries=0
+    port=$((20000 + $(printf %s "$bed" | cksum | cut -d' ' -f1) % 10000))
+    [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs ]] && cgroup_plugin=cgroup/v2
+    mkdir -p "$dir/ctld"
+    {
+        echo "ClusterName=$bed"
+        echo "SlurmctldHost=$(uname -n | cut -d. -f1)($net.254)"
+        echo "SlurmctldPort=$port"
+        echo "AuthType=auth/none"
+        echo "CredType=cred/none"
+        echo "SlurmUser=root"
+        echo "StateSaveLocation=$dir/ctld"
+        echo "SlurmctldPidFile=$dir/slurmctld.pid"
+        echo "SlurmctldLogFile=$dir/slurmctld.log"
+        echo "SlurmdSpoolDir=$dir/%n"
+        echo "SlurmdPidFile=$dir/%n.pid"
+        echo "SlurmdLogFile=$dir/%n.log"
+        echo "SlurmdParameters=config_overrides"
+        echo "ProctrackType=proctrack/linuxproc"
+        echo "TaskPlugin=task/none"
+        echo "JobAcctGatherType=jobacct_gather/none"
+        echo "SelectType=select/cons_tres"
+        echo "MpiDefault=pmi2"
+        echo "ReturnToService=2"
+        echo "MailProg=/bin/true"
+        for ((i = 1; i <= hosts; i++)); do
+            echo "NodeName=${bed}h$i NodeAddr=$net.$i CPUs=$(nproc) State=UNKNOWN"
+        done
+        echo "PartitionName=bed Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
+    } >"$dir/slurm.conf"
+    echo "CgroupPlugin=$cgroup_plugin" >"$dir/cgroup.conf"
+    export SLURM_CONF=$dir/slurm.conf
+    slurmctld -i || true  # as for slurmd
+    for ((i = 1; i <= hosts; i++)); do
+        ns=${bed}h$i
+        mkdir -p "$dir/$ns"
+        ip netns exec "$ns" slurmd -N "$ns" || true  # its log says why, read below
+    done
+    until [[ $(sinfo -h -o %T 2>/dev/null | sort -u) == idle ]]; do
+        if ((tries++ > 150)); then
+            local why
+            why=$(grep -h "error" "$dir"/*.log 2>/dev/null | tail -n 1)
+            down
+            die 3 "Slurm does not start on bed $bed: ${why:-no idle nodes after 30 s}"
+        fi
+        sleep 0.2
+    done
 }
 
 # tbf's bucket must hold what the link sends in a timer tick (4 ms at HZ=250), and at least a few
@@ -100,11 +168,12 @@ up() {
     local hosts=${1:-}
     [[ $hosts =~ ^[0-9]+$ ]] && ((hosts >= 1 && hosts <= 99)) || usage
     shift
-    rate="" burst=""
+    local rate="" burst="" slurm=no command
     while (($#)); do
         case $1 in
             --rate) rate=${2:?--rate needs a value}; shift 2 ;;
             --burst) burst=${2:?--burst needs a value}; shift 2 ;;
+            --slurm) slurm=yes; shift ;;
             *) usage ;;
         esac
     done
@@ -112,9 +181,14 @@ up() {
         command -v tc >/dev/null || die 3 "--rate needs 'tc' (install iproute2)"
         [[ -n $burst ]] || burst=$(default_burst "$rate")
     fi
+    if [[ $slurm == yes ]]; then
+        for command in slurmctld slurmd sinfo srun; do
+            command -v $command >/dev/null || die 3 "--slurm needs $command (Debian: apt-get install slurm-wlm)"
+        done
+    fi
     local net config
     net=$(subnet)
-    config="hosts=$hosts net=$net rate=${rate:-none} burst=${burst:-none}"
+    config="hosts=$hosts net=$net rate=${rate:-none} burst=${burst:-none} slurm=$slurm"
     if [[ -f $state/config && $(cat "$state/config") == "$config" && $(bed_namespaces | wc -l) == "$hosts" ]]; then
         echo "bed $bed is already up: $config"
         return 0
@@ -153,8 +227,9 @@ shift
 exec ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
     chmod +x "$state/launch"
-    echo "$config" >"$state/config"
     trap - ERR
+    [[ $slurm == no ]] || slurm_up "$hosts" "$net"
+    echo "$config" >"$state/config"
     echo "bed $bed is up: $config"
 }
 
@@ -198,6 +273,7 @@ status() {
     while read -r addr ns; do
         echo "  $ns $addr: $(ip netns pids "$ns" 2>/dev/null | wc -l) process(es)"
     done <"$state/hosts"
+    [[ ! -f $state/slurm/slurm.conf ]] || echo "  Slurm: export SLURM_CONF=$state/slurm/slurm.conf UCX_TLS=self,tcp"
 }
 
 command=${1:-}

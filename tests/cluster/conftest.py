@@ -19,3 +19,9 @@ def bed():
         yield hosts
     finally:
         hosts.down()
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(Path(__file__).resolve().parents[2] / "examples" / "mnist"))

@@ -23,8 +23,9 @@ class Bed:
         return subprocess.run(["env", *self.settings, "bash", str(CLUSTER), *args], capture_output=True,
                               text=True, timeout=timeout)
 
-    def up(self, rate=None):
-        done = self.cluster("up", str(self.hosts), *(["--rate", rate] if rate else []))
+    def up(self, rate=None, slurm=False):
+        done = self.cluster("up", str(self.hosts), *(["--rate", rate] if rate else []),
+                            *(["--slurm"] if slurm else []))
         if done.returncode == CANNOT_HOST:
             pytest.skip(f"no multi-host bed here: {done.stderr.strip()}")
         assert done.returncode == 0, f"cluster.sh up failed:\n{done.stdout}{done.stderr}"
@@ -36,6 +37,11 @@ class Bed:
     def command(self, per_host, *argv):
         """The command line that runs argv on `per_host` ranks of every host."""
         return ["env", *self.settings, "bash", str(CLUSTER), "run", "-n", str(per_host), *map(str, argv)]
+
+    def srun_command(self, *argv):
+        """The command line that runs argv under the bed's Slurm (up with slurm=True), srun's flags first."""
+        conf = f"/run/scaffe-bed/{self.name}/slurm/slurm.conf"
+        return ["env", f"SLURM_CONF={conf}", "UCX_TLS=self,tcp", "srun", *map(str, argv)]
 
     def namespace(self, host):
         return f"{self.name}h{host}"

@@ -1,15 +1,11 @@
 """The local rank, read from whichever launcher started the process before MPI starts, and the GPU it picks."""
-import json
-import re
 import sys
-from pathlib import Path
 
 import pytest
 
+from cluster_jobs import LOCAL_RANK_WORKER, local_ranks
 from mpi_harness import OPEN_MPI, launch, require_ok, run_command
 from scaffe.parallel.launch import LOCAL_RANK_VARIABLES, device_for_rank, launcher_local_rank
-
-WORKER = Path(__file__).resolve().parent / "workers" / "local_rank.py"
 
 
 @pytest.mark.parametrize("variable", LOCAL_RANK_VARIABLES)
@@ -37,19 +33,15 @@ def test_device_round_robin():
     assert [device_for_rank([3, 1], r) for r in range(3)] == [3, 1, 3]
 
 
-def local_ranks(job):
-    return json.loads(re.search(r"^LOCAL-RANKS (.*)$", job.stdout, re.M).group(1))
-
-
 @pytest.mark.skipif(OPEN_MPI, reason="checks MPICH's hydra, the wheel's mpiexec")
 def test_hydra_on_one_host():
-    job = require_ok(launch(3, WORKER, timeout=60))
+    job = require_ok(launch(3, LOCAL_RANK_WORKER, timeout=60))
     assert local_ranks(job) == [[[0, 0], [1, 1], [2, 2]]]
 
 
 def test_hydra_on_two_hosts(bed):
     """2 ranks on each of 2 hosts: local ranks 0 and 1 on each, the same as MPI's shared-memory split."""
-    job = require_ok(run_command(bed.command(2, sys.executable, WORKER),
+    job = require_ok(run_command(bed.command(2, sys.executable, LOCAL_RANK_WORKER),
                                  timeout=60))
     assert local_ranks(job) == [[[0, 0], [1, 1]], [[0, 0], [1, 1]]]
 

@@ -9,19 +9,11 @@ from pathlib import Path
 import numpy
 import pytest
 
+from cluster_jobs import ONE_THREAD, REPO, lenet_solver
 from mpi_harness import MPIEXEC, OPEN_MPI, require_ok, run_command
 
-REPO = Path(__file__).resolve().parents[2]
 TRAIN_WORKER = REPO / "tests" / "scaffe" / "workers" / "train_lenet.py"
-# One BLAS/numba thread per rank: 4 ranks already oversubscribe a 2-core machine.
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
 ITERATIONS, BATCH, RANKS = 4, 16, 4
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
-    ensure_mnist_lmdb(str(REPO / "examples" / "mnist"))
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +47,6 @@ def test_simulated_nodes_equal_one_rank_big_batch(one_rank_weights, tmp_path):
     require_ok(run_command([MPIEXEC, "-n", RANKS, sys.executable, TRAIN_WORKER, "scaffe", ITERATIONS, BATCH, out],
                            env=dict(ONE_THREAD, SCAFFE_RANKS_PER_NODE=2), timeout=240), marker=None)
     assert_same_weights(numpy.load(out), one_rank_weights)
-
-
-def lenet_solver(tmp_path, test_interval):
-    """The bundled LeNet solver, with paths that work from anywhere and snapshots into tmp_path."""
-    text = (REPO / "examples" / "mnist" / "lenet_solver.prototxt").read_text()
-    text = text.replace('snapshot_prefix: "examples/mnist/lenet"', f'snapshot_prefix: "{tmp_path}/lenet"')
-    text = text.replace('net: "examples/mnist/lenet_train_test.prototxt"',
-                        f'net: "{REPO}/examples/mnist/lenet_train_test.prototxt"')
-    text = text.replace("test_interval: 500", f"test_interval: {test_interval}")
-    solver = tmp_path / "solver.prototxt"
-    solver.write_text(text)
-    return solver
 
 
 def test_scaffe_train_on_two_hosts(bed, mnist, tmp_path):
