@@ -11,14 +11,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collectives"))
 from netns_bed import Bed  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def bed():
+def bed_of_two(**up_options):
+    """A bed of 2 hosts for the life of a fixture: `yield from bed_of_two(...)`."""
     hosts = Bed(hosts=2)
-    hosts.up()
+    hosts.up(**up_options)
     try:
         yield hosts
     finally:
         hosts.down()
+
+
+@pytest.fixture(scope="module")
+def bed():
+    yield from bed_of_two()
 
 
 @pytest.fixture(scope="module")

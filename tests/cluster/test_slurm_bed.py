@@ -8,17 +8,12 @@ import pytest
 
 from cluster_jobs import LOCAL_RANK_WORKER, ONE_THREAD, lenet_solver, local_ranks
 from mpi_harness import require_ok, run_command
-from netns_bed import Bed
+from conftest import bed_of_two
 
 
 @pytest.fixture(scope="module")
 def slurm_bed():
-    hosts = Bed(hosts=2)
-    hosts.up(slurm=True)
-    try:
-        yield hosts
-    finally:
-        hosts.down()
+    yield from bed_of_two(slurm=True)
 
 
 def test_srun_local_ranks(slurm_bed):
