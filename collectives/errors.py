@@ -15,6 +15,17 @@ class MismatchError(CollectiveError):
     """Ranks called one collective with different counts, dtypes, ops or roots (found by SCAFFE_CHECK=1)."""
 
 
+def abort_job(report, comm=None):
+    """Write `report` on stderr and abort the whole job (MPI_Abort on `comm`, COMM_WORLD by default)."""
+    from mpi4py import MPI
+    sys.stderr.flush()
+    # One unbuffered write, then a moment for the launcher to forward it: Abort kills the
+    # forwarding too, and without the pause the report was sometimes lost entirely.
+    os.write(2, report.encode())
+    time.sleep(_FORWARD_PAUSE_S)
+    (comm if comm is not None else MPI.COMM_WORLD).Abort(1)
+
+
 def install_abort_hook(comm=None):
     """Make an uncaught exception on any rank (any thread) print its traceback and abort the whole job.
 
@@ -22,14 +33,8 @@ def install_abort_hook(comm=None):
     """
     def abort(exc_type, exc, tb):
         from mpi4py import MPI
-        world = comm if comm is not None else MPI.COMM_WORLD
         report = "".join(traceback.format_exception(exc_type, exc, tb))
-        sys.stderr.flush()
-        # One unbuffered write, then a moment for the launcher to forward it: Abort kills the
-        # forwarding too, and without the pause the report was sometimes lost entirely.
-        os.write(2, f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}".encode())
-        time.sleep(_FORWARD_PAUSE_S)
-        world.Abort(1)
+        abort_job(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}", comm)
 
     sys.excepthook = abort
 
