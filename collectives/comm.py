@@ -5,16 +5,18 @@ from the table in `collectives.algorithms`, and runs it. Whatever we do not comp
 (user-defined ops, derived datatypes, bool or structured dtypes) goes to the wrapped MPI unchanged, so
 swapping `MPI.COMM_WORLD` for `Comm(MPI.COMM_WORLD)` never changes a program's meaning.
 """
+import itertools
 import os
 
 import numpy
 from mpi4py import MPI
 
-from collectives import algorithms
+from collectives import algorithms, stall
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging
 from collectives.errors import CollectiveError, MismatchError
+from collectives.events import Name, finished, reported, started
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
@@ -23,6 +25,10 @@ from collectives.topology import Topology
 from kernels.reduce import supports
 
 _COMPUTED_KINDS = "iufc"  # integer, unsigned, float, complex: what the reduce kernels handle
+_EVENT_NAMES = ("Reduce", "Allreduce", "Bcast", "Ireduce", "Iallreduce", "Ibcast", "Signature check")
+# Numbers each Comm's set-up: every rank sets up its communicators in the same order (set-up is
+# collective), so the number names the same communicator on all of them (collectives.events.Name).
+_set_ups = itertools.count()
 
 
 class Call:
@@ -81,6 +87,15 @@ _UNSEEN = (object(),) * 7  # a record that no call repeats
 _REJECTED = (BufferError, ValueError)
 
 
+def _nbytes(call, args):
+    """A message's size for collectives.events: the Call's, else that of the buffer numpy can see in the
+    user's arguments (0 for a derived datatype, which only MPI understands)."""
+    if call is not None:
+        return call.nbytes
+    parsed = parse(args[1] if args[0] is MPI.IN_PLACE else args[0])
+    return 0 if parsed is None or parsed.array is None else parsed.array.nbytes
+
+
 def _flat(array):
     return array if array.ndim == 1 else array.reshape(-1)
 
@@ -107,10 +122,12 @@ class _FastPath:
     """
 
     __slots__ = ("rank", "size", "pairs", "computed", "reduce_below", "allreduce_below", "bcast_native",
-                 "reduce_seen", "allreduce_seen", "bcast_seen")
+                 "reduce_seen", "allreduce_seen", "bcast_seen", "reduce_name", "allreduce_name", "bcast_name")
 
-    def __init__(self, rank, size, pairs, computed, several_nodes):
+    def __init__(self, rank, size, pairs, computed, several_nodes, event_names):
         self.rank, self.size, self.pairs, self.computed = rank, size, pairs, computed
+        self.reduce_name, self.allreduce_name, self.bcast_name = (
+            event_names["Reduce"], event_names["Allreduce"], event_names["Bcast"])
         self.reduce_below = algorithms.threshold("reduce", several_nodes)
         self.allreduce_below = algorithms.threshold("allreduce", several_nodes)
         self.bcast_native = algorithms.threshold("bcast", several_nodes) is None  # at every size
@@ -219,13 +236,16 @@ class Comm(MPI.Intracomm):
         self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
         self.forced = algorithms.forced()
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+        index = next(_set_ups)
+        self._event_names = {text: Name(text, index) for text in _EVENT_NAMES}
+        stall.watch(self, index)
         # dtype number -> handles of the ops validated with it for the native path (None: a Bcast's)
         self._native_pairs = {}
         self._computed_pairs = {}  # (op handle, dtype) -> op name: those our algorithms ran
         # Everything the latency path reads, in one object: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
         self._fast = (_FastPath(self.Get_rank(), self.Get_size(), self._native_pairs, self._computed_pairs,
-                                self.several_nodes)
+                                self.several_nodes, self._event_names)
                       if not self.check and self.forced is None else None)
         self._ready = True
 
@@ -326,7 +346,8 @@ class Comm(MPI.Intracomm):
         mine = numpy.array([count, dtype, op.py2f(), root], dtype=numpy.int64)
         both = numpy.concatenate([mine, -mine])
         extremes = numpy.empty_like(both)
-        self.private.Allreduce(both, extremes, op=MPI.MAX)
+        # Reported like a collective: a rank missing from this one would otherwise hang unseen.
+        reported(self._event_names["Signature check"], both.nbytes, self.private.Allreduce, both, extremes, MPI.MAX)
         highest, lowest = extremes[:4], -extremes[4:]
         if (highest != lowest).any():
             fields = ["count", "dtype", "op", "root"]
@@ -385,35 +406,37 @@ class Comm(MPI.Intracomm):
         work = lambda: run(self, call)  # noqa: E731
         return work if call.staging is None else call.staging.wrap(work)
 
-    def _run(self, call, stream):
-        """Run a blocking call; False when the wrapped MPI must run it with the user's arguments."""
+    def _run(self, call, stream, name, native, args):
+        """Run a blocking call: ours, or else `native(self, *args)`, the wrapped MPI's with the user's arguments."""
         work = self._offload(call, stream)
+        name = self._event_names[name]
         if work is None:
-            return False
-        if work is _NATIVE_ON_HOST:
+            reported(name, _nbytes(call, args), native, self, *args)
+        elif work is _NATIVE_ON_HOST:
             # Right away in this thread, as a host call would go native: collectives on the user's
             # communicator must start in the same order on every rank.
-            call.staging.wrap(lambda: self._native_on_host(call, blocking=True))()
+            reported(name, call.nbytes, call.staging.wrap(lambda: self._native_on_host(call, blocking=True)))
         else:
-            self.progress.run(work)
-        return True
+            self.progress.run(work, name, call.nbytes)
 
-    def _again(self, kind, plan, sendbuf, recvbuf, op, root):
+    def _again(self, kind, plan, sendbuf, recvbuf, op, root, event_name):
         """Run a call that repeats a remembered one with its algorithm; False when the arrays no longer fit."""
         algorithm, name = plan
         call = self._fast.plain_call(kind, name, sendbuf, recvbuf, op, root)
         if call is None:
             return False
-        self.progress.run(lambda: algorithm(self, call))
+        self.progress.run(lambda: algorithm(self, call), event_name, call.nbytes)
         return True
 
-    def _start(self, call, stream):
-        """Start a nonblocking call; None when the wrapped MPI must start it with the user's arguments."""
+    def _start(self, call, stream, name, native, args):
+        """Start a nonblocking call: ours, or else `native(self, *args)`, the wrapped MPI's with the user's
+        arguments; the request returned completes when the progress thread has seen it done."""
         work = self._offload(call, stream)
+        name = self._event_names[name]
         if work is None:
-            return None
+            return self.progress.follow(native(self, *args), name, _nbytes(call, args))
         if work is not _NATIVE_ON_HOST:
-            return self.progress.submit(work)
+            return self.progress.submit(work, name, call.nbytes)
         # Started now, for the same ordering reason as in _run; the progress thread finishes it.
         staging = call.staging
         staging.copy_in()
@@ -426,7 +449,7 @@ class Comm(MPI.Intracomm):
             finally:
                 staging.release()
 
-        return self.progress.submit(finish)
+        return self.progress.submit(finish, name, call.nbytes)
 
     def _native_on_host(self, call, blocking):
         """The wrapped MPI's collective on the host stand-ins of device buffers; the request if not blocking.
@@ -447,6 +470,7 @@ class Comm(MPI.Intracomm):
         return native(self, *args)
 
     # -- blocking collectives -----------------------------------------------------------------------
+    # The latency path reports its calls to collectives.events inline: a helper would cost a call more.
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
         fast = self._fast
         if fast is not None:
@@ -454,16 +478,23 @@ class Comm(MPI.Intracomm):
             if (id(sendbuf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2] and root == seen[3]
                     and type(sendbuf) is numpy.ndarray and sendbuf.dtype is seen[4] and sendbuf.nbytes == seen[5]):
                 if seen[6] is None:
+                    op_id = started(fast.reduce_name, seen[5])
                     try:
                         return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
                     except _REJECTED:
                         fast.forget()
-                elif stream is None and self._again("reduce", seen[6], sendbuf, recvbuf, op, root):
+                    finally:
+                        finished(op_id)
+                elif stream is None and self._again("reduce", seen[6], sendbuf, recvbuf, op, root, fast.reduce_name):
                     return
             if fast.reduce_ok(sendbuf, recvbuf, op, root):
-                return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
-        if not self._run(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream):
-            MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
+                op_id = started(fast.reduce_name, sendbuf.nbytes)
+                try:
+                    return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
+                finally:
+                    finished(op_id)
+        self._run(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream,
+                  "Reduce", MPI.Intracomm.Reduce, (sendbuf, recvbuf, op, root))
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
         fast = self._fast
@@ -472,16 +503,24 @@ class Comm(MPI.Intracomm):
             if (id(sendbuf) == seen[0] and id(recvbuf) == seen[1] and op is seen[2]
                     and type(sendbuf) is numpy.ndarray and sendbuf.dtype is seen[4] and sendbuf.nbytes == seen[5]):
                 if seen[6] is None:
+                    op_id = started(fast.allreduce_name, seen[5])
                     try:
                         return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
                     except _REJECTED:
                         fast.forget()
-                elif stream is None and self._again("allreduce", seen[6], sendbuf, recvbuf, op, 0):
+                    finally:
+                        finished(op_id)
+                elif stream is None and self._again("allreduce", seen[6], sendbuf, recvbuf, op, 0,
+                                                    fast.allreduce_name):
                     return
             if fast.allreduce_ok(sendbuf, recvbuf, op):
-                return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        if not self._run(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream):
-            MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
+                op_id = started(fast.allreduce_name, sendbuf.nbytes)
+                try:
+                    return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
+                finally:
+                    finished(op_id)
+        self._run(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream,
+                  "Allreduce", MPI.Intracomm.Allreduce, (sendbuf, recvbuf, op))
 
     def Bcast(self, buf, root=0, stream=None):
         fast = self._fast
@@ -489,24 +528,29 @@ class Comm(MPI.Intracomm):
             seen = fast.bcast_seen
             if (id(buf) == seen[0] and root == seen[3] and type(buf) is numpy.ndarray and buf.dtype is seen[4]
                     and buf.nbytes == seen[5]):
+                op_id = started(fast.bcast_name, seen[5])
                 try:
                     return MPI.Intracomm.Bcast(self, buf, root)
                 except _REJECTED:
                     fast.forget()
+                finally:
+                    finished(op_id)
             if fast.bcast_ok(buf, root):
-                return MPI.Intracomm.Bcast(self, buf, root)
-        if not self._run(self._broadcast(buf, root), stream):
-            MPI.Intracomm.Bcast(self, buf, root)
+                op_id = started(fast.bcast_name, buf.nbytes)
+                try:
+                    return MPI.Intracomm.Bcast(self, buf, root)
+                finally:
+                    finished(op_id)
+        self._run(self._broadcast(buf, root), stream, "Bcast", MPI.Intracomm.Bcast, (buf, root))
 
     # -- nonblocking collectives --------------------------------------------------------------------
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
-        request = self._start(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream)
-        return request if request is not None else MPI.Intracomm.Ireduce(self, sendbuf, recvbuf, op, root)
+        return self._start(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream,
+                           "Ireduce", MPI.Intracomm.Ireduce, (sendbuf, recvbuf, op, root))
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
-        request = self._start(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream)
-        return request if request is not None else MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op)
+        return self._start(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream,
+                           "Iallreduce", MPI.Intracomm.Iallreduce, (sendbuf, recvbuf, op))
 
     def Ibcast(self, buf, root=0, stream=None):
-        request = self._start(self._broadcast(buf, root), stream)
-        return request if request is not None else MPI.Intracomm.Ibcast(self, buf, root)
+        return self._start(self._broadcast(buf, root), stream, "Ibcast", MPI.Intracomm.Ibcast, (buf, root))

@@ -11,6 +11,20 @@ _listeners = []
 _ids = itertools.count(1)
 
 
+class Name(str):
+    """A collective's name as listeners see it ("Allreduce"), which also says on which communicator it runs.
+
+    `comm` is the index of that `collectives.Comm`'s set-up in this process. Communicators are set up
+    collectively, in the same order on every rank, so the index names the same communicator on all its
+    ranks; the stall inspector matches operations across ranks by (comm, name, how many came before).
+    """
+
+    def __new__(cls, text, comm):
+        name = super().__new__(cls, text)
+        name.comm = comm
+        return name
+
+
 def add_listener(listener):
     """`listener.started(op_id, name, nbytes, t)` and `listener.finished(op_id, t)`; t is perf_counter()."""
     if listener not in _listeners:
@@ -37,3 +51,12 @@ def finished(op_id):
         now = time.perf_counter()
         for listener in _listeners:
             listener.finished(op_id, now)
+
+
+def reported(name, nbytes, work, *args):
+    """`work(*args)` reported as collective `name`: started before it, finished after (also if it raises)."""
+    op_id = started(name, nbytes)
+    try:
+        return work(*args)
+    finally:
+        finished(op_id)

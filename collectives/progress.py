@@ -4,12 +4,15 @@ Every rank executes its collectives in the order it called them, which MPI requi
 FIFO thread per communicator keeps all ranks in step. A nonblocking call returns an `MPI.Grequest`
 that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own. A blocking call runs
 right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
-pending nonblocking ones and waits.
+pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
+runs it, when it starts running and when it has finished.
 """
 import queue
 import threading
 
 from mpi4py import MPI
+
+from collectives.events import reported
 
 
 class Progress:
@@ -20,43 +23,51 @@ class Progress:
         self._lock = threading.Lock()  # guards _pending
         self._thread = None
 
-    def run(self, work):
+    def run(self, work, name, nbytes):
         """Run `work()` now, after every earlier nonblocking call has finished."""
         with self._lock:
             idle = self._pending == 0
         if idle:
-            work()
+            reported(name, nbytes, work)
             return
         done = threading.Event()
-        self._enqueue(work, done.set)
+        self._enqueue(work, name, nbytes, done.set)
         done.wait()
 
-    def submit(self, work):
+    def submit(self, work, name, nbytes):
         """Start `work()` in the background; returns a request that completes when it has run."""
         request = MPI.Grequest.Start()
         if not self.threaded:
             # Without MPI_THREAD_MULTIPLE a helper thread may not call MPI: run now, complete at once.
-            work()
+            reported(name, nbytes, work)
             request.Complete()
             return request
-        self._enqueue(work, request.Complete)
+        self._enqueue(work, name, nbytes, request.Complete)
         return request
 
-    def _enqueue(self, work, on_done):
+    def follow(self, native_request, name, nbytes):
+        """A request that completes with `native_request` (an MPI I* call already started), which the
+        thread waits on in turn, so that its completion is reported: a caller blocked in Waitall on it
+        is then seen by the stall inspector. Without a thread it is `native_request` itself."""
+        if not self.threaded:
+            return native_request
+        return self.submit(native_request.Wait, name, nbytes)
+
+    def _enqueue(self, work, name, nbytes, on_done):
         with self._lock:
             self._pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="scaffe-progress", daemon=True)
                 self._thread.start()
-        self._queue.put((work, on_done))
+        self._queue.put((work, name, nbytes, on_done))
 
     def _loop(self):
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            work, on_done = item
-            work()  # an exception here reaches threading.excepthook: the abort hook ends the job
+            work, name, nbytes, on_done = item
+            reported(name, nbytes, work)  # an exception here reaches threading.excepthook: the abort hook ends the job
             with self._lock:
                 self._pending -= 1
             on_done()

@@ -1,0 +1,177 @@
+"""The stall inspector: a collective that waits longer than SCAFFE_STALL_S seconds ends the job with a report
+of which ranks have not joined it, instead of hanging forever.
+
+One daemon thread per process, started by the set-up of the first Comm over all of MPI.COMM_WORLD, knows
+this rank's collectives in flight from `collectives.events`. Each poll it answers the other ranks'
+questions; when one of its own operations has waited too long it asks the other ranks of that operation's
+communicator for their state, gives them a few seconds to answer, prints one report on stderr and aborts
+the job. Its messages travel on its own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls
+(improbe, isend, Test): a thread blocked in MPI could not report the very hang it is there for. Ranks are
+named by their rank in COMM_WORLD, so nothing depends on where they run.
+"""
+import atexit
+import sys
+import threading
+import time
+
+from mpi4py import MPI
+
+from collectives import events
+from collectives.errors import abort_job
+from collectives.settings import non_negative_seconds
+
+DEFAULT_STALL_S = 60.0
+_QUERY, _STATE = 1, 2  # tags: "what are you doing?" and its answer
+
+_members = {}  # Comm set-up index -> the COMM_WORLD ranks of that communicator
+_inspector = None
+
+
+def watch(comm, index):
+    """Record `comm`, a Comm being set up (collectively) as number `index`; the first one over all of
+    COMM_WORLD starts the inspector unless SCAFFE_STALL_S is 0 or the job has one rank."""
+    global _inspector
+    world = MPI.COMM_WORLD
+    group, world_group = comm.Get_group(), world.Get_group()
+    _members[index] = group.Translate_ranks(None, world_group)
+    group.Free()
+    world_group.Free()
+    if _inspector is not None or comm.Get_size() != world.Get_size():
+        return
+    stall_s = non_negative_seconds("SCAFFE_STALL_S", DEFAULT_STALL_S)
+    if stall_s == 0 or world.Get_size() == 1:
+        return
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        if world.Get_rank() == 0:
+            print(f"scaffe: SCAFFE_STALL_S is ignored: the stall inspector needs MPI_THREAD_MULTIPLE, and MPI "
+                  f"runs at thread level {MPI.Query_thread()}; a collective that waits forever will hang",
+                  file=sys.stderr, flush=True)
+        return
+    _inspector = _Inspector(stall_s)
+
+
+class _Inspector:
+    def __init__(self, stall_s):
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.rank = self.comm.Get_rank()
+        self.stall_s = stall_s
+        self.period = min(1.0, stall_s / 10)
+        # Long enough for a live rank under load to wake and answer, short against the limit itself.
+        self.answer_window = min(5.0, max(1.0, stall_s / 2))
+        self.started_counts = {}  # (comm index, name) -> how many such operations this rank has started
+        self.in_flight = {}  # op id -> ((comm index, name), its number in started_counts, nbytes, start time)
+        self.answers = []  # our isends not yet complete
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="scaffe-stall", daemon=True)
+        events.add_listener(self)
+        self._thread.start()
+        atexit.register(self.stop)  # before mpi4py's MPI_Finalize, which the thread must not outlive
+
+    # -- collectives.events listener: on the threads that run collectives, so only dict updates ------
+    def started(self, op_id, name, nbytes, t):
+        # Per (communicator, name), operations start in call order on every rank (a blocking call holds
+        # its thread, nonblocking ones run in FIFO order), so the count identifies one across ranks.
+        key = (getattr(name, "comm", None), name)
+        counts = self.started_counts
+        number = counts[key] = counts.get(key, 0) + 1
+        self.in_flight[op_id] = (key, number, nbytes, t)
+
+    def finished(self, op_id, t):
+        self.in_flight.pop(op_id, None)
+
+    # -- the inspector's thread ---------------------------------------------------------------------
+    def _watch(self):
+        while not self._stop.wait(self.period):
+            self._answer()
+            waiting = list(self.in_flight.copy().values())
+            if waiting:
+                oldest = min(waiting, key=lambda op: op[3])
+                if time.perf_counter() - oldest[3] > self.stall_s:
+                    self._report_and_abort(oldest)
+
+    def _answer(self):
+        """Answer every question waiting for us, and let go of the answers already sent."""
+        status = MPI.Status()
+        while (message := self.comm.improbe(MPI.ANY_SOURCE, _QUERY, status)) is not None:
+            message.recv()
+            self._send(self._state(), status.Get_source(), _STATE)
+        self.answers = [request for request in self.answers if not request.Test()]
+
+    def _send(self, payload, rank, tag):
+        try:
+            self.answers.append(self.comm.isend(payload, rank, tag))
+        except MPI.Exception:
+            pass  # a rank MPI can no longer reach: it shows as not answering
+
+    def _state(self):
+        now = time.perf_counter()
+        return {"started": {(index, str(name)): count for (index, name), count in self.started_counts.copy().items()},
+                "in_flight": [(index, str(name), number, now - t)
+                              for (index, name), number, _, t in sorted(self.in_flight.copy().values(),
+                                                                        key=lambda op: op[3])]}
+
+    def _report_and_abort(self, op):
+        (index, name), number, nbytes, t = op
+        others = [rank for rank in _members.get(index, range(self.comm.Get_size())) if rank != self.rank]
+        for rank in others:
+            self._send(None, rank, _QUERY)
+        states = {}
+        status = MPI.Status()
+        deadline = time.perf_counter() + self.answer_window
+        while len(states) < len(others) and time.perf_counter() < deadline:
+            self._answer()  # the others may be asking us at the same time
+            while (message := self.comm.improbe(MPI.ANY_SOURCE, _STATE, status)) is not None:
+                states[status.Get_source()] = message.recv()
+            time.sleep(0.05)
+        waited = time.perf_counter() - t
+        abort_job(report(self.rank, (index, str(name), number, nbytes, waited), others, states, self.stall_s))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        events.remove_listener(self)
+
+
+def report(rank, op, others, states, stall_s):
+    """The stall report of `rank` on its operation `op` = (comm index, name, number, nbytes, seconds waited),
+    from `states`: rank -> its answer, for those of `others` that answered."""
+    index, name, number, nbytes, waited = op
+    joined, not_joined, silent = [], [], []
+    for other in others:
+        state = states.get(other)
+        if state is None:
+            silent.append(f"rank {other}")
+        elif state["started"].get((index, name), 0) >= number:
+            joined.append(f"rank {other}")
+        elif state["in_flight"]:
+            doing = ", ".join(f"{_label(i, n, k)} for {s:.0f} s" for i, n, k, s in state["in_flight"])
+            not_joined.append(f"rank {other} (at {doing})")
+        else:
+            last = state["started"].get((index, name), 0)
+            after = f"after {_label(index, name, last)}" if last else f"before its first {name}"
+            not_joined.append(f"rank {other} (in no collective, computing: {after})")
+    parts = [f"scaffe: rank {rank}: {_label(index, name, number)} ({_size(nbytes)}) has waited {waited:.0f} s "
+             f"(SCAFFE_STALL_S={stall_s:g})"]
+    if not_joined:
+        parts.append("not joined: " + ", ".join(not_joined))
+    if silent:
+        parts.append("no answer (frozen, dead or exited): " + ", ".join(silent))
+    if joined:
+        parts.append("joined: " + ", ".join(joined))
+    if not (not_joined or silent):
+        parts.append("every rank has joined it; it is stuck inside")
+    return "; ".join(parts) + ". Aborting the job.\n"
+
+
+def _label(index, name, number):
+    """How the report names an operation: "Allreduce #12", with its communicator unless it is the first."""
+    return f"{name} #{number}" + (f" on communicator {index}" if index else "")
+
+
+def _size(nbytes):
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        nbytes /= 1024
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.1f} {unit}"
