@@ -60,7 +60,7 @@ class _Inspector:
         self.answer_window = min(5.0, max(1.0, stall_s / 2))
         self.started_counts = {}  # (comm index, name) -> how many such operations this rank has started
         self.in_flight = {}  # op id -> ((comm index, name), its number in started_counts, nbytes, start time)
-        self.answers = []  # our isends not yet complete
+        self.sends = []  # our questions and answers still on their way
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="scaffe-stall", daemon=True)
         events.add_listener(self)
@@ -90,16 +90,16 @@ class _Inspector:
                     self._report_and_abort(oldest)
 
     def _answer(self):
-        """Answer every question waiting for us, and let go of the answers already sent."""
+        """Answer every question waiting for us, and let go of the messages already delivered."""
         status = MPI.Status()
         while (message := self.comm.improbe(MPI.ANY_SOURCE, _QUERY, status)) is not None:
             message.recv()
             self._send(self._state(), status.Get_source(), _STATE)
-        self.answers = [request for request in self.answers if not request.Test()]
+        self.sends = [request for request in self.sends if not _delivered(request)]
 
     def _send(self, payload, rank, tag):
         try:
-            self.answers.append(self.comm.isend(payload, rank, tag))
+            self.sends.append(self.comm.isend(payload, rank, tag))
         except MPI.Exception:
             pass  # a rank MPI can no longer reach: it shows as not answering
 
@@ -130,6 +130,13 @@ class _Inspector:
         self._stop.set()
         self._thread.join()
         events.remove_listener(self)
+
+
+def _delivered(request):
+    try:
+        return request.Test()
+    except MPI.Exception:
+        return True  # to a rank MPI can no longer reach: nothing more will come of it
 
 
 def report(rank, op, others, states, stall_s):
