@@ -1,5 +1,6 @@
 """No hang, ever: a frozen rank ends the job within SCAFFE_STALL_S + 30 s with a report naming it, a killed
-one within 30 s, and a rank that is only slow does not end it (workers/stall.py)."""
+one within 30 s, and a rank that is only slow does not end it (workers/stall.py); and what the stall
+inspector learns from, collectives.events, hears of every collective (workers/events.py)."""
 import re
 
 import pytest
@@ -19,6 +20,10 @@ FROZEN = {
     # The root of the Ireduce waits for the frozen rank; the others may finish both and go on.
     "nonblocking": (None, {"Ireduce #4", "Ibcast #4", "Allreduce #9"}),
 }
+
+
+def test_every_collective_is_reported_to_events():
+    run_ok(2, "events.py", timeout=60)
 
 
 @pytest.mark.parametrize("place", FROZEN)
