@@ -406,18 +406,19 @@ class Comm(MPI.Intracomm):
         work = lambda: run(self, call)  # noqa: E731
         return work if call.staging is None else call.staging.wrap(work)
 
-    def _run(self, call, stream, name, native, args):
-        """Run a blocking call: ours, or else `native(self, *args)`, the wrapped MPI's with the user's arguments."""
+    def _run(self, call, stream, method, native, args):
+        """Run blocking call `method`: ours, or else `native(self, *args)`, the wrapped MPI's with the user's
+        arguments."""
         work = self._offload(call, stream)
-        name = self._event_names[name]
+        event_name = self._event_names[method]
         if work is None:
-            reported(name, _nbytes(call, args), native, self, *args)
+            reported(event_name, _nbytes(call, args), native, self, *args)
         elif work is _NATIVE_ON_HOST:
             # Right away in this thread, as a host call would go native: collectives on the user's
             # communicator must start in the same order on every rank.
-            reported(name, call.nbytes, call.staging.wrap(lambda: self._native_on_host(call, blocking=True)))
+            reported(event_name, call.nbytes, call.staging.wrap(lambda: self._native_on_host(call, blocking=True)))
         else:
-            self.progress.run(work, name, call.nbytes)
+            self.progress.run(work, event_name, call.nbytes)
 
     def _again(self, kind, plan, sendbuf, recvbuf, op, root, event_name):
         """Run a call that repeats a remembered one with its algorithm; False when the arrays no longer fit."""
@@ -428,15 +429,15 @@ class Comm(MPI.Intracomm):
         self.progress.run(lambda: algorithm(self, call), event_name, call.nbytes)
         return True
 
-    def _start(self, call, stream, name, native, args):
-        """Start a nonblocking call: ours, or else `native(self, *args)`, the wrapped MPI's with the user's
-        arguments; the request returned completes when the progress thread has seen it done."""
+    def _start(self, call, stream, method, native, args):
+        """Start nonblocking call `method`: ours, or else `native(self, *args)`, the wrapped MPI's with the
+        user's arguments; the request returned completes when the progress thread has seen it done."""
         work = self._offload(call, stream)
-        name = self._event_names[name]
+        event_name = self._event_names[method]
         if work is None:
-            return self.progress.follow(native(self, *args), name, _nbytes(call, args))
+            return self.progress.follow(native(self, *args), event_name, _nbytes(call, args))
         if work is not _NATIVE_ON_HOST:
-            return self.progress.submit(work, name, call.nbytes)
+            return self.progress.submit(work, event_name, call.nbytes)
         # Started now, for the same ordering reason as in _run; the progress thread finishes it.
         staging = call.staging
         staging.copy_in()
@@ -449,7 +450,7 @@ class Comm(MPI.Intracomm):
             finally:
                 staging.release()
 
-        return self.progress.submit(finish, name, call.nbytes)
+        return self.progress.submit(finish, event_name, call.nbytes)
 
     def _native_on_host(self, call, blocking):
         """The wrapped MPI's collective on the host stand-ins of device buffers; the request if not blocking.
