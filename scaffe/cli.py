@@ -214,7 +214,7 @@ def _train(args):
         if size > 1:
             make_distributed(solver, comm, args.schedule)
         solver.action_function = handler.action
-        if args.log_csv:
+        if args.log_csv and rank == 0:  # the root records for everyone
             columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
             csv_log = CsvLog(args.log_csv, columns)
             solver.listeners.append(csv_log)
