@@ -43,25 +43,32 @@ def test_scaffe_test_on_two_ranks_reports_what_one_rank_reports(trained):
     assert sharded == single
 
 
+def train_and_read_tests(folder, ranks, batch, schedule="scaffe"):
+    """Trains the tiny net 20 iterations, testing every 10; the log and the (iteration, accuracy, loss) of each test."""
+    folder.mkdir()
+    solver = write_tiny_solver(folder, batch=batch, max_iter=20, display=10, extra="test_iter: 5\ntest_interval: 10")
+    log = run(ranks, ["train", f"--solver={solver}", f"--schedule={schedule}", f"--log_csv={folder}/log.csv"])
+    with open(folder / "log.csv", newline="") as f:
+        scores = [(int(row["iteration"]), float(row["test0_accuracy"]), float(row["test0_loss"]))
+                  for row in csv.DictReader(f) if row["test0_accuracy"]]
+    assert len(report(log, r"Testing net")) == len(scores) == 3, log[-3000:]
+    return log, scores
+
+
+@pytest.fixture(scope="module")
+def one_rank_tests(tmp_path_factory):
+    return train_and_read_tests(tmp_path_factory.mktemp("one_rank") / "run", 1, 32)[1]
+
+
 @pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
-def test_training_tests_on_every_rank_with_the_numbers_of_one_rank(tmp_path, schedule):
+def test_training_tests_on_every_rank_with_the_numbers_of_one_rank(tmp_path, schedule, one_rank_tests):
     """2 ranks x batch 16 against 1 rank x batch 32: the same test scores at every test; the first
     test (iteration 0, same weights) exactly. The S-Caffe schedule's non-root ranks skip updates, so
     this also checks they test with the root's parameters."""
-    extra = "test_iter: 5\ntest_interval: 10"
-    scores = {}
-    for ranks, batch in ((1, 32), (2, 16)):
-        folder = tmp_path / f"ranks{ranks}"
-        folder.mkdir()
-        solver = write_tiny_solver(folder, batch=batch, max_iter=20, display=10, extra=extra)
-        log = run(ranks, ["train", f"--solver={solver}", f"--schedule={schedule}", f"--log_csv={folder}/log.csv"])
-        with open(folder / "log.csv", newline="") as f:
-            scores[ranks] = [(int(row["iteration"]), float(row["test0_accuracy"]), float(row["test0_loss"]))
-                             for row in csv.DictReader(f) if row["test0_accuracy"]]
-        assert len(report(log, r"Testing net")) == 3
-    assert [s[0] for s in scores[2]] == [0, 10, 20]
-    assert scores[2][0] == scores[1][0]
-    for (_, acc2, loss2), (_, acc1, loss1) in zip(scores[2], scores[1]):
+    log, scores = train_and_read_tests(tmp_path / "run", 2, 16, schedule)
+    assert [s[0] for s in scores] == [0, 10, 20]
+    assert scores[0] == one_rank_tests[0]
+    for (_, acc2, loss2), (_, acc1, loss1) in zip(scores, one_rank_tests):
         assert acc2 == pytest.approx(acc1, abs=1e-9) and loss2 == pytest.approx(loss1, rel=1e-5)
     assert report(log, r"^Global batch 32 = 16 per rank x 2 ranks x iter_size 1; 2 rank\(s\) on 1 host\(s\)$")
     assert report(log, r"^Training data sharded round-robin: rank r of 2 reads records r, r\+2, r\+4, ")

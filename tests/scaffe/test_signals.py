@@ -33,16 +33,20 @@ def usual_mode():
     return 0o666 & ~mask
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_sigint_to_one_non_root_rank_stops_every_rank_after_one_snapshot(tmp_path, schedule):
-    solver = write_tiny_solver(tmp_path)
+@pytest.mark.parametrize("schedule,rank,when", [("scaffe", 1, r"\] Iteration 3 \("),
+                                                ("allreduce", 1, r"\] Iteration 3 \("),
+                                                ("scaffe", 0, r"\] Iteration 10, Testing net")])
+def test_sigint_to_one_rank_stops_every_rank_after_one_snapshot(tmp_path, schedule, rank, when):
+    """To a non-root rank while training, or to the root while the ranks test: the ranks stop together
+    at the next iteration (the root alone breaking off its test would leave the others waiting)."""
+    solver = write_tiny_solver(tmp_path, extra="test_iter: 400\ntest_interval: 10\ntest_initialization: false")
     with Job(2, ["train", f"--solver={solver}", f"--schedule={schedule}"]) as job:
-        job.wait_for(r"\] Iteration 3 \(")
-        job.signal_rank(1, signal.SIGINT)
+        job.wait_for(when)
+        job.signal_rank(rank, signal.SIGINT)
         sent = time.monotonic()
         assert job.finish(60) == 0, job.log[-3000:]
         assert time.monotonic() - sent < 10, job.log[-3000:]
-    assert "Optimization stopped early." in job.log
+    assert "Optimization stopped early." in job.log and "Test interrupted." not in job.log
     [iteration] = snapshots(tmp_path)
     assert iteration > 3 and job.log.count("Snapshotting to binary proto file") == 1
     for path in tmp_path.glob("tiny_iter_*"):
