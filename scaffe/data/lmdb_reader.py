@@ -129,9 +129,9 @@ class ShardedCursor:
     """Yields (key, value) of the records rank `shard.rank` of `shard.count` reads, forever.
 
     Follows the mapping in scaffe.data.sharding: the rank's i-th value is record
-    (start + global_position(i, rank, count, block)) mod N in key order. The LMDB cursor walks forward and steps over
-    the other ranks' records without reading them, so no key list is built (ImageNet-sized
-    databases open instantly) and reads stay sequential on disk.
+    (start + global_position(i, rank, count, block)) mod N in key order. The LMDB cursor walks
+    forward and steps over the other ranks' records without reading them, so no key list is built
+    (ImageNet-sized databases open instantly) and reads stay sequential on disk.
     """
 
     def __init__(self, database, shard=None, start=0):

@@ -51,12 +51,13 @@ def quiet_non_root(rank):
 
 
 def shard_training_data(solver, rank, size):
-    """Give every data layer of the training net this rank's shard; test nets keep reading everything.
+    """Give every data layer of the training net this rank's shard (test nets: see share_testing).
 
     Data layers start reading at their first forward, so setting the shard after construction holds.
     """
+    from scaffe.parallel.sharded_testing import SHARDED_SOURCES
     for layer in solver.net.layers:
-        if hasattr(layer, "shard_count") or layer.type in ("Data", "HDF5Data"):
+        if layer.type in SHARDED_SOURCES:
             layer.shard_rank, layer.shard_count = rank, size
 
 

@@ -8,7 +8,7 @@ number, and no rank waits while the root tests alone.
 """
 import numpy
 
-SHARDED_SOURCES = ("Data", "HDF5Data")
+SHARDED_SOURCES = ("Data", "HDF5Data")  # layers that read their shard of a database (scaffe.data.sharding)
 # Sources that make the same (or unrelated random) samples on every rank: sharding them would not
 # split one stream, so nets with them are tested by the root alone.
 UNSHARDABLE_SOURCES = ("Input", "DummyData", "MemoryData")
