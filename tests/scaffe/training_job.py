@@ -15,6 +15,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
+
+def _is_open_mpi():
+    try:
+        return "Open MPI" in subprocess.run([str(MPIEXEC), "--version"], capture_output=True, text=True,
+                                            timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+OPEN_MPI = _is_open_mpi()
+# Where each launcher tells a rank its number.
+RANK_VARIABLE = "OMPI_COMM_WORLD_RANK" if OPEN_MPI else "PMI_RANK"
+
 # A one-layer classifier on the bundled MNIST: many fast iterations, so signals land mid-training.
 TINY_NET = """
 name: "tiny"
@@ -58,8 +71,11 @@ class Job:
     """`scaffe ARGS` on `ranks` ranks (1: no launcher), started at once."""
 
     def __init__(self, ranks, args, env=None):
-        cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable, "-m", "scaffe"] + list(args)
+        launcher = [str(MPIEXEC), "-n", str(ranks)] + (["--oversubscribe"] if OPEN_MPI else [])
+        cmd = (launcher if ranks > 1 else []) + [sys.executable, "-m", "scaffe"] + list(args)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **(env or {}))
+        if OPEN_MPI:
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         self.ranks = ranks
         self.lines = []
         self._changed = threading.Condition()
@@ -103,7 +119,7 @@ class Job:
         return int(found.group(1)), index
 
     def rank_pid(self, rank):
-        """The process id of rank `rank` (the launcher's descendant with that PMI_RANK)."""
+        """The process id of rank `rank` (the launcher's descendant that has that rank number)."""
         if self.ranks == 1:
             return self.process.pid
         for pid in descendants(self.process.pid):
@@ -111,7 +127,8 @@ class Job:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"PMI_RANK={rank}".encode() in environ and b"-m" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if (f"{RANK_VARIABLE}={rank}".encode() in environ
+                    and b"scaffe" in Path(f"/proc/{pid}/cmdline").read_bytes()):
                 return pid
         raise AssertionError(f"no process of rank {rank} under {self.process.pid}")
 
