@@ -98,7 +98,10 @@ def describe_data_parallelism(solver, comm):
     """The root's log lines on what the job trains on: global batch, ranks, hosts, shards, epoch."""
     from mpi4py import MPI
     size = comm.Get_size()
-    hosts = len(set(comm.allgather(MPI.Get_processor_name())))  # collective
+    # Hosts as MPI sees them (ranks that can share memory), whatever SCAFFE_RANKS_PER_NODE simulates.
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    hosts = comm.allreduce(int(node.Get_rank() == 0))
+    node.Free()
     if comm.Get_rank() != 0:
         return
     per_rank, iter_size = solver.net.batch_size, solver.param.iter_size
