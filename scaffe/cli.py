@@ -79,7 +79,8 @@ def _parser():
     t.add_argument("--snapshot", default="", help="a .solverstate to resume from")
     t.add_argument("--iterations", type=int, default=None, help="override the solver's max_iter")
     t.add_argument("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here")
-    t.add_argument("--sigint_effect", default="stop", help="on SIGINT/SIGTERM: stop, snapshot or none")
+    t.add_argument("--sigint_effect", default="stop",
+                   help="on SIGINT: stop, snapshot or none (SIGTERM always snapshots and stops)")
     t.add_argument("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none")
     t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce"),
                    help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates) "
