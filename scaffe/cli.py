@@ -79,7 +79,8 @@ def _parser():
     t.add_argument("--snapshot", default="", help="a .solverstate to resume from")
     t.add_argument("--iterations", type=int, default=None, help="override the solver's max_iter")
     t.add_argument("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here")
-    t.add_argument("--sigint_effect", default="stop", help="on SIGINT/SIGTERM: stop, snapshot or none")
+    t.add_argument("--sigint_effect", default="stop",
+                   help="on SIGINT: stop, snapshot or none (SIGTERM always snapshots and stops)")
     t.add_argument("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none")
     t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce"),
                    help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates) "
@@ -185,7 +186,7 @@ def _g(value):
 
 def _train(args):
     from scaffe.solvers import create_solver, read_solver_file
-    from scaffe.solvers.signals import SignalHandler
+    from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
     from scaffe.solvers.solver import test_output_keys
     if not args.solver:
         raise CliError("need a solver definition to train: --solver=solver.prototxt")
@@ -197,6 +198,7 @@ def _train(args):
     if args.iterations is not None:
         param.max_iter = args.iterations
     xp = _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU, param.device_id)
+    keep_sighup_from_ucx()  # before MPI starts (world() below)
     handler = SignalHandler(args.sigint_effect, args.sighup_effect)
     if args.snapshot:
         del param.weights[:]
@@ -213,7 +215,7 @@ def _train(args):
         if size > 1:
             make_distributed(solver, comm, args.schedule)
         solver.action_function = handler.action
-        if args.log_csv:
+        if args.log_csv and rank == 0:  # the root records for everyone
             columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
             csv_log = CsvLog(args.log_csv, columns)
             solver.listeners.append(csv_log)
@@ -243,30 +245,46 @@ def _phase(args, default):
 
 
 def _test(args):
+    """Caffe's `caffe test`. Under an MPI launcher the ranks share the batches (scaffe.parallel.
+    sharded_testing) and the root prints the one report a single process would."""
     from scaffe.net import Net
+    from scaffe.parallel.launch import quiet_non_root, world
+    from scaffe.parallel.sharded_testing import ShardedTesting, shardable
     if not args.model:
         raise CliError("need a model definition to score: --model=net.prototxt")
     if not args.weights:
         raise CliError("need model weights to score: --weights=net.caffemodel")
+    comm, rank, size = world()
+    quiet_non_root(rank)
     _select_device(args.gpu)
     net = Net.from_file(args.model, _phase(args, "TEST"), _stages(args), args.level)
     try:
+        sharding = ShardedTesting(comm, [net]) if size > 1 and shardable(net) else None
+        if size > 1 and sharding is None:
+            log.warning("%s reads from a source that cannot be sharded: the root scores alone", args.model)
+            if rank != 0:
+                return 0
         net.copy_trained_layers_from(args.weights)
         log.info("Running for %d iterations.", args.iterations)
+        batches = range(args.iterations) if sharding is None else sharding.batches(0, args.iterations)
+        rows = []  # per batch: its loss, then every output value
+        for _ in batches:
+            loss = net.forward()
+            rows.append([loss] + [float(v) for blob_id in net.output_blob_ids
+                                  for v in numpy.asarray(_host(net.blobs_list[blob_id].data)).ravel()])
+        if sharding is not None:
+            rows = sharding.gather(batches, rows)
+            if rows is None:  # not the root: it reports for everyone
+                return 0
         scores = None
         loss = 0.0
-        for i in range(args.iterations):
-            loss += net.forward()
-            values = []
+        for i, row in enumerate(rows):
+            loss += row[0]
+            values = iter(row[1:])
             for blob_id in net.output_blob_ids:
-                name = net.blob_names[blob_id]
-                for v in numpy.asarray(_host(net.blobs_list[blob_id].data)).ravel():
-                    values.append(float(v))
-                    log.info("Batch %d, %s = %s", i, name, fmt(v))
-            if scores is None:
-                scores = values
-            else:
-                scores = [a + b for a, b in zip(scores, values)]
+                for _ in range(net.blobs_list[blob_id].count):
+                    log.info("Batch %d, %s = %s", i, net.blob_names[blob_id], fmt(numpy.float32(next(values))))
+            scores = list(row[1:]) if scores is None else [a + b for a, b in zip(scores, row[1:])]
         loss /= max(args.iterations, 1)
         log.info("Loss: %s", fmt(numpy.float32(loss)))
         index = 0

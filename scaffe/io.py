@@ -49,12 +49,21 @@ def atomic_path(path):
     try:
         yield tmp
         with open(tmp, "rb+") as f:
+            # mkstemp makes the file private (0600); give it the mode open() would have (0644 under umask 022).
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _umask():
+    # The only portable way to read the umask is to set it; it is put back at once.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path, data):

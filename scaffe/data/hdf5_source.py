@@ -91,7 +91,7 @@ class HDF5Source:
         """One float32 array per dataset, each (batch_size,) + row shape."""
         out = [numpy.empty((batch_size,) + shape, dtype=numpy.float32) for shape in self.row_shapes]
         for i in range(batch_size):
-            while self._global_row % self.shard.count != self.shard.rank:
+            while not self.shard.owns(self._global_row):
                 self._advance()
             r = self.row_order[self._row]
             for o, d in zip(out, self.data):

@@ -1,7 +1,8 @@
 """What data layers read from the net/trainer: their shard, their random seed, where relative paths live.
 
 Optional attributes a net or trainer may set on a data layer before its first forward pass:
-* `shard_rank`, `shard_count` (default 0, 1): this process's slice of the data (scaffe.data.sharding).
+* `shard_rank`, `shard_count`, `shard_block` (default 0, 1, 1): this process's slice of the data
+  (scaffe.data.sharding).
 * `random_seed` (default: drawn from the layer's `rng` attribute if the net set one, else from
   numpy's global random state, so seeding numpy seeds the data): the seed of the layer's
   crop/mirror/shuffle stream; the shard rank is added to it so ranks differ.
@@ -18,7 +19,8 @@ __all__ = ["layer_shard", "layer_rng", "resolve_source", "copy_to_blob"]
 
 
 def layer_shard(layer):
-    return ShardSpec(getattr(layer, "shard_rank", 0), getattr(layer, "shard_count", 1))
+    return ShardSpec(getattr(layer, "shard_rank", 0), getattr(layer, "shard_count", 1),
+                     getattr(layer, "shard_block", 1))
 
 
 def layer_rng(layer):

@@ -129,9 +129,9 @@ class ShardedCursor:
     """Yields (key, value) of the records rank `shard.rank` of `shard.count` reads, forever.
 
     Follows the mapping in scaffe.data.sharding: the rank's i-th value is record
-    (start + i*count + rank) mod N in key order. The LMDB cursor walks forward and steps over
-    the other ranks' records without reading them, so no key list is built (ImageNet-sized
-    databases open instantly) and reads stay sequential on disk.
+    (start + global_position(i, rank, count, block)) mod N in key order. The LMDB cursor walks
+    forward and steps over the other ranks' records without reading them, so no key list is built
+    (ImageNet-sized databases open instantly) and reads stay sequential on disk.
     """
 
     def __init__(self, database, shard=None, start=0):
@@ -142,7 +142,8 @@ class ShardedCursor:
         self._txn = None
         self._cursor = None
         self._index = 0  # index in key order of the record under the cursor
-        self._pending = (start + self.shard.rank) % len(database)
+        self._read = 0   # records this shard has returned
+        self._pending = (start + self.shard.rank * self.shard.block) % len(database)
 
     def _open(self):
         # Opened on first use so the transaction belongs to the thread that reads (the
@@ -171,7 +172,9 @@ class ShardedCursor:
         if self._cursor is None:
             self._open()
         key, value = self._cursor.item()
-        self._step(self.shard.count)
+        self._read += 1
+        # Within a block the next record is the neighbour; after a block, skip the other ranks' blocks.
+        self._step(1 if self._read % self.shard.block else 1 + (self.shard.count - 1) * self.shard.block)
         return key, value
 
     __next__ = next

@@ -5,11 +5,15 @@ stay equal (same summed gradient, same update). During backward, finished gradie
 the current bucket; a full bucket is allreduced at once (nonblocking) while backward goes on. Few
 large messages beat many small ones: each collective pays a latency, and large ones take the
 shared-memory path. Buckets live in `comm.alloc` memory where the communicator offers it.
+
+Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag per effect, and the
+summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
 """
 import numpy
 from mpi4py import MPI
 
 from scaffe.parallel.base import Schedule
+from scaffe.solvers.signals import requests_from_flags
 
 BUCKET_BYTES = 4 << 20
 
@@ -23,14 +27,21 @@ class AllreduceSchedule(Schedule):
         self._pending = []       # pids waiting to be packed into the next bucket
         self._pending_bytes = 0
         self._storage = {}       # bucket index -> flat buffer, grown once and reused
+        self._flags = None       # the final bucket's request flags, once launched
 
     def on_start(self):
         self.passes = 0
         self._buckets = []
         self._pending, self._pending_bytes = [], 0
+        self._flags = None
+        self._sync_once()
+
+    def on_test_start(self):
+        self._sync_once()  # a test before the first iteration needs the root's parameters too
+
+    def _sync_once(self):
         if not self._synced:
-            for blob in self.params:
-                self.comm.Bcast(self.buffer(blob.data), root=self.root)
+            self.broadcast_parameters()
             self._synced = True
 
     def grads_ready(self, layer_id):
@@ -39,19 +50,23 @@ class AllreduceSchedule(Schedule):
         for pid in self.net.grads_ready_at(layer_id):
             self._pending.append(pid)
             self._pending_bytes += self.params[pid].diff.nbytes
-        if self._pending_bytes >= self.bucket_bytes or (layer_id == 0 and self._pending):
-            self._launch()
+        final = layer_id == self.final_grads_layer
+        if self._pending_bytes >= self.bucket_bytes or final:
+            self._launch(final)
 
-    def _launch(self):
-        dtype = self.params[self._pending[0]].diff.dtype
+    def _launch(self, final=False):
+        dtype = self.params[self._pending[0]].diff.dtype if self._pending else numpy.float32
         count = sum(self.params[pid].diff.size for pid in self._pending)
-        flat = self._bucket_buffer(len(self._buckets), count, dtype)
+        flat = self._bucket_buffer(len(self._buckets), count + (self.flag_count if final else 0), dtype)
         layout, start = [], 0
         for pid in self._pending:
             diff = self.buffer(self.params[pid].diff)
             flat[start:start + diff.size] = diff
             layout.append((pid, start, start + diff.size))
             start += diff.size
+        if final:
+            self._flags = flat[count:]
+            self._flags[:] = self.local_flags()
         request = self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         self._buckets.append((flat, layout, request))
         self._pending, self._pending_bytes = [], 0
@@ -65,9 +80,10 @@ class AllreduceSchedule(Schedule):
         return buf[:count]
 
     def on_gradients_ready(self):
-        if self._pending:
-            self._launch()
+        if self._flags is None:  # a net without gradients still agrees on requests
+            self._launch(final=True)
         MPI.Request.Waitall([request for _, _, request in self._buckets])
+        self.agreed = requests_from_flags(self._flags)
         scale = numpy.float32(1.0 / self.size)
         for flat, layout, _ in self._buckets:
             for pid, start, stop in layout:

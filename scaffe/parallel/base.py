@@ -1,4 +1,6 @@
-"""What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers."""
+"""What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers,
+and the ranks' agreement on stop/snapshot requests."""
+from scaffe.solvers.signals import EFFECTS, request_flags
 
 
 class Schedule:
@@ -14,6 +16,11 @@ class Schedule:
         self.passes = 0
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
+        solver.agreement = self
+        self.agreed = frozenset()
+        # The ranks' requests travel with the gradients of the last layer whose backward makes some.
+        ready = [layer_id for layer_id in range(len(self.net.layers)) if self.net.grads_ready_at(layer_id)]
+        self.final_grads_layer = min(ready) if ready else None
 
     def _layer_backward_done(self, layer_id):
         self.grads_ready(layer_id)
@@ -29,6 +36,23 @@ class Schedule:
 
     def param_needed(self, layer_id):
         """Nothing to wait for unless the schedule moves parameters during forward."""
+
+    # ------------------------------------------------------------ stop/snapshot requests
+
+    flag_count = len(EFFECTS)
+
+    def local_flags(self):
+        """This rank's requests since the last poll, one 0/1 flag per effect (signals.EFFECTS)."""
+        return request_flags(self.solver.local_requests())
+
+    def agreed_requests(self):
+        """The requests every rank acts on at the end of this iteration: the same set on all ranks."""
+        return self.agreed
+
+    def broadcast_parameters(self):
+        """Every rank takes the root's parameters (blocking)."""
+        for blob in self.params:
+            self.comm.Bcast(self.buffer(blob.data), root=self.root)
 
     @staticmethod
     def buffer(array):

@@ -51,13 +51,71 @@ def quiet_non_root(rank):
 
 
 def shard_training_data(solver, rank, size):
-    """Give every data layer of the training net this rank's shard; test nets keep reading everything.
+    """Give every data layer of the training net this rank's shard (test nets: see share_testing).
 
     Data layers start reading at their first forward, so setting the shard after construction holds.
     """
+    from scaffe.parallel.sharded_testing import SHARDED_SOURCES
     for layer in solver.net.layers:
-        if hasattr(layer, "shard_count") or layer.type in ("Data", "HDF5Data"):
+        if layer.type in SHARDED_SOURCES:
             layer.shard_rank, layer.shard_count = rank, size
+
+
+def share_testing(solver, comm):
+    """Every rank tests its share of the batches when every test net can be sharded; otherwise the
+    root tests alone (as Caffe does) and the other ranks drop their test nets."""
+    from scaffe.parallel.sharded_testing import ShardedTesting, shardable
+    if not solver.test_nets:
+        return
+    if all(shardable(net) for net in solver.test_nets):
+        solver.test_sharding = ShardedTesting(comm, solver.test_nets)
+        return
+    if comm.Get_rank() == 0:
+        log.warning("A test net reads from a source that cannot be sharded (Input, DummyData, MemoryData): "
+                    "the root tests alone while the other ranks wait")
+    else:
+        for net in solver.test_nets:
+            net.close()
+        solver.test_nets = []
+
+
+def training_records(net):
+    """Records in the training data (the first data layer's database or HDF5 files), or None."""
+    for layer in net.layers:
+        if layer.type == "Data":
+            return len(layer.database)
+        if layer.type == "HDF5Data":
+            import h5py
+            total = 0
+            for path in layer.files:
+                with h5py.File(path, "r") as f:
+                    total += f[layer.dataset_names[0]].shape[0]
+            return total
+    return None
+
+
+def describe_data_parallelism(solver, comm):
+    """The root's log lines on what the job trains on: global batch, ranks, hosts, shards, epoch."""
+    from mpi4py import MPI
+    size = comm.Get_size()
+    # Hosts as MPI sees them (ranks that can share memory), whatever SCAFFE_RANKS_PER_NODE simulates.
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    hosts = comm.allreduce(int(node.Get_rank() == 0))
+    node.Free()
+    if comm.Get_rank() != 0:
+        return
+    per_rank, iter_size = solver.net.batch_size, solver.param.iter_size
+    global_batch = per_rank * size * iter_size
+    log.info("Global batch %d = %d per rank x %d ranks x iter_size %d; %d rank(s) on %d host(s)",
+             global_batch, per_rank, size, iter_size, size, hosts)
+    log.info("Training data sharded round-robin: rank r of %d reads records r, r+%d, r+%d, ... of one stream",
+             size, size, 2 * size)
+    records = training_records(solver.net)
+    if records:
+        log.info("Epoch: %d records = %s iterations of the global batch", records, f"{records / global_batch:g}")
+    if solver.test_sharding is not None:
+        log.info("Testing sharded by batch: rank r of %d runs test batches r, r+%d, ...; the root reports",
+                 size, size)
 
 
 def make_distributed(solver, comm, schedule):
@@ -69,6 +127,8 @@ def make_distributed(solver, comm, schedule):
     shard_training_data(solver, rank, size)
     fast = collectives.Comm(comm)
     topology = fast.describe()  # collective: sets the communicator up on every rank
+    share_testing(solver, fast)
     if rank == 0:
         log.info("Data-parallel training on %d ranks (%s schedule); %s", size, schedule, topology)
+    describe_data_parallelism(solver, fast)
     return attach(solver, fast, schedule)

@@ -11,11 +11,17 @@ Per iteration:
 With P ranks of batch B this computes exactly the step of one rank with batch P*B on the same
 samples: each rank's loss is normalised by its own B, so the mean of the P gradients is the
 gradient of the P*B batch.
+
+Stop/snapshot requests: each rank's flags go to the root in a tiny Ireduce started with the last
+layer's gradient reduce; the root passes their sum on in a tiny Ibcast started first in the next
+on_start. Every rank waits for both with the other collectives and acts on the broadcast sum at
+the end of that iteration, so all ranks stop after the same update, with nothing left in flight.
 """
 import numpy
 from mpi4py import MPI
 
 from scaffe.parallel.base import Schedule
+from scaffe.solvers.signals import requests_from_flags
 
 
 class SCaffeSchedule(Schedule):
@@ -23,6 +29,9 @@ class SCaffeSchedule(Schedule):
         super().__init__(solver, comm)
         self._bcasts = {}   # learnable id -> request
         self._reduces = []
+        self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
+        self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
+        self._announce = None
         if self.rank != self.root:
             solver.apply_update = self._follow_update
 
@@ -30,6 +39,7 @@ class SCaffeSchedule(Schedule):
         self.passes = 0
         self._reduces = []
         self._bcasts = {}
+        self._announce_requests()
         for layer_id in range(len(self.net.layers)):
             for pid in self.net.params_needed_at(layer_id):
                 self._bcasts[pid] = self.comm.Ibcast(self.buffer(self.params[pid].data), root=self.root)
@@ -49,15 +59,35 @@ class SCaffeSchedule(Schedule):
                 self._reduces.append(self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root))
             else:
                 self._reduces.append(self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root))
+        if layer_id == self.final_grads_layer:
+            self._gather_requests()
+
+    def on_test_start(self):
+        self.broadcast_parameters()  # the others skipped the root's last update
 
     def on_gradients_ready(self):
+        if self.final_grads_layer is None:  # a net without gradients still agrees on requests
+            self._gather_requests()
         MPI.Request.Waitall(list(self._bcasts.values()))  # parameters no forward asked for
-        MPI.Request.Waitall(self._reduces)
+        MPI.Request.Waitall(self._reduces + [self._announce])
         self._reduces = []
+        self.agreed = requests_from_flags(self._flags_down)
         if self.rank == self.root:
             scale = numpy.float32(1.0 / self.size)
             for blob in self.params:
                 blob.diff *= scale
+
+    def _announce_requests(self):
+        # The root's _flags_up holds last iteration's sum (Ireduce in place); sent before it is reused.
+        if self.rank == self.root:
+            self._flags_down[:] = self._flags_up
+        self._announce = self.comm.Ibcast(self._flags_down, root=self.root)
+
+    def _gather_requests(self):
+        self._flags_up[:] = self.local_flags()
+        send = MPI.IN_PLACE if self.rank == self.root else self._flags_up
+        recv = self._flags_up if self.rank == self.root else None
+        self._reduces.append(self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))
 
     def _follow_update(self):
         """A non-root rank's update: the root's new parameters arrive with the next broadcast."""

@@ -19,7 +19,7 @@ from scaffe.log import fmt, get_logger
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
 from scaffe.solvers.lr_policy import learning_rate
-from scaffe.solvers.signals import NONE, SNAPSHOT, STOP
+from scaffe.solvers.signals import SNAPSHOT, STOP, as_requests
 
 log = get_logger(__name__)
 
@@ -32,14 +32,18 @@ class Solver:
     """Base of all solvers. Build with `create_solver(param)` or `Solver.from_file(path)`.
 
     Hooks for a distributed trainer, like Caffe's Solver::Callback: objects in `callbacks` may
-    define `on_start()` (called before each iteration's forward/backward) and
-    `on_gradients_ready()` (after it, before the update). `action_function` (a callable returning
-    "none", "stop" or "snapshot") is polled once per iteration and per test batch. Objects in
-    `listeners` may define `on_iteration(record)` and `on_test(iteration, test_net_id, scores)`;
-    the CLI's --log_csv is one.
+    define `on_start()` (called before each iteration's forward/backward), `on_gradients_ready()`
+    (after it, before the update) and `on_test_start()` (before a test that runs on every rank).
+    `action_function` (a callable returning "none", "stop", "snapshot" or a set of them) is polled
+    once per iteration and per test batch. A distributed schedule sets `agreement`, an object whose
+    `agreed_requests()` gives the requests every rank acts on at the end of this iteration (it
+    polls `local_requests()` itself); the solver then never polls on its own. `test_sharding`
+    (see scaffe.parallel.sharded_testing), when set, deals the test batches out to all ranks.
+    Objects in `listeners` may define `on_iteration(record)` and `on_test(iteration, test_net_id,
+    scores)`; the CLI's --log_csv is one.
 
-    Non-root solvers (`root_solver=False`) neither test, display nor snapshot, like Caffe's
-    worker solvers; the root does those for everyone.
+    Non-root solvers (`root_solver=False`) neither display nor snapshot, like Caffe's worker
+    solvers; the root does those for everyone. They test only when testing is sharded.
     """
 
     type = None
@@ -57,7 +61,10 @@ class Solver:
         self.callbacks = []
         self.listeners = []
         self.action_function = None
+        self.agreement = None
+        self.test_sharding = None
         self.requested_early_exit = False
+        self._snapshot_iter = None
         self.iter = 0
         self.current_step = 0
         self.losses = []
@@ -155,8 +162,6 @@ class Solver:
             raise SolverError(f"{self._where()}test_state must be left out or given once per test net ({instances})")
         if instances and p.test_interval <= 0:
             raise SolverError(f"{self._where()}test_iter is given, so test_interval must be > 0")
-        if not self.root_solver:
-            return []
         params, sources = [], []
         for tp in p.test_net_param:
             params.append(_copy(tp))
@@ -179,7 +184,8 @@ class Solver:
             if len(p.test_state):
                 state.MergeFrom(p.test_state[i])
             net_param.state.CopyFrom(state)
-            log.info("Creating test net (#%d) specified by %s", i, what)
+            if self.root_solver:
+                log.info("Creating test net (#%d) specified by %s", i, what)
             net = Net(net_param, source=source, **self.net_kwargs)
             for weights in p.weights:
                 load_weights(net, weights)
@@ -196,8 +202,12 @@ class Solver:
 
     # ------------------------------------------------------------ the loop
 
-    def request_action(self):
-        return self.action_function() if self.action_function is not None else NONE
+    def local_requests(self):
+        """The requests (a frozenset of "stop", "snapshot") made to this process since the last poll."""
+        return as_requests(self.action_function()) if self.action_function is not None else frozenset()
+
+    def _requests(self):
+        return self.agreement.agreed_requests() if self.agreement is not None else self.local_requests()
 
     def solve(self, resume_file=None):
         """Caffe's Solver::Solve: train until max_iter, snapshot, then a last forward and test."""
@@ -210,7 +220,7 @@ class Solver:
         start_iter = self.iter
         self._solve_start = time.perf_counter()
         self.step(self.param.max_iter - self.iter)
-        if self.root_solver and self.param.snapshot_after_train and (
+        if self.root_solver and self.param.snapshot_after_train and self._snapshot_iter != self.iter and (
                 not self.param.snapshot or self.iter % self.param.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
@@ -241,8 +251,7 @@ class Solver:
             p = self.param
             if (p.test_interval and self.iter % p.test_interval == 0
                     and (self.iter > 0 or p.test_initialization)):
-                if self.root_solver:
-                    self.test_all()
+                self.test_all()
                 if self.requested_early_exit:
                     break
             for cb in self.callbacks:
@@ -279,10 +288,10 @@ class Solver:
                 for listener in self.listeners:
                     if hasattr(listener, "on_iteration"):
                         listener.on_iteration(record)
-            request = self.request_action()
-            if self.root_solver and ((p.snapshot and self.iter % p.snapshot == 0) or request == SNAPSHOT):
+            requests = self._requests()
+            if self.root_solver and ((p.snapshot and self.iter % p.snapshot == 0) or SNAPSHOT in requests):
                 self.snapshot()
-            if request == STOP:
+            if STOP in requests:
                 self.requested_early_exit = True
                 break
 
@@ -321,57 +330,66 @@ class Solver:
     # ------------------------------------------------------------ testing
 
     def test_all(self):
+        if self.test_sharding is None and not self.root_solver:
+            return
+        if self.test_sharding is not None:
+            for cb in self.callbacks:
+                if hasattr(cb, "on_test_start"):
+                    cb.on_test_start()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
             self.test(i)
 
     def test(self, test_net_id=0):
-        """Caffe's Solver::Test: mean of every test net output over test_iter batches."""
-        log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
+        """Caffe's Solver::Test: mean of every test net output over test_iter batches.
+
+        With `test_sharding` every rank runs its share of the batches and the root sums the
+        per-batch outputs in batch order, so it reports the numbers one process would. Requests
+        are then left for the next iteration's agreement: breaking off on one rank would leave
+        the others waiting for it."""
+        if self.root_solver:
+            log.info("Iteration %d, Testing net (#%d)", self.iter, test_net_id)
         net = self.test_nets[test_net_id]
         net.share_trained_layers_with(self.net)
         iterations = self.param.test_iter[test_net_id]
-        scores = None
-        loss = 0.0
-        for _ in range(iterations):
-            request = self.request_action()
-            while request != NONE:
-                if request == SNAPSHOT:
-                    self.snapshot()
-                elif request == STOP:
-                    self.requested_early_exit = True
-                request = self.request_action()
-            if self.requested_early_exit:
-                break
-            iter_loss = net.forward()
-            if self.param.test_compute_loss:
-                loss += iter_loss
-            values = [numpy.asarray(_host(b.data), dtype=numpy.float64).ravel() for b in net.output_blobs]
-            if scores is None:
-                scores = [v.copy() for v in values]
-            else:
-                for s, v in zip(scores, values):
-                    s += v
-        if self.requested_early_exit:
-            log.info("Test interrupted.")
-            return None
-        if scores is None:
+        if iterations <= 0:
             raise SolverError(f"{self._where()}test_iter for test net #{test_net_id} must be > 0, got {iterations}")
+        sharding = self.test_sharding
+        batches = range(iterations) if sharding is None else sharding.batches(test_net_id, iterations)
+        rows = []  # per batch: its loss, then every output value
+        for _ in batches:
+            if self.agreement is None:
+                requests = self.local_requests()
+                if SNAPSHOT in requests:
+                    self.snapshot()
+                if STOP in requests:
+                    self.requested_early_exit = True
+                    log.info("Test interrupted.")
+                    return None
+            iter_loss = net.forward()
+            rows.append(numpy.concatenate([[iter_loss]] + [numpy.asarray(_host(b.data), dtype=numpy.float64).ravel()
+                                                           for b in net.output_blobs]))
+        if sharding is not None:
+            rows = sharding.gather(batches, rows)
+            if rows is None:  # not the root: it reports for everyone
+                return None
+        scores = rows[0][1:].copy()
+        loss = rows[0][0]
+        for row in rows[1:]:
+            scores += row[1:]
+            loss += row[0]
         if self.param.test_compute_loss:
             log.info("Test loss: %s", fmt(loss / iterations))
         results = {}
-        index = 0
-        keys = iter(test_output_keys(net))
-        for j, blob_id in enumerate(net.output_blob_ids):
+        owners = [blob_id for blob_id in net.output_blob_ids for _ in range(net.blobs_list[blob_id].count)]
+        for index, (blob_id, key, total) in enumerate(zip(owners, test_output_keys(net), scores)):
             name = net.blob_names[blob_id]
             weight = net.blob_loss_weights[blob_id]
-            for v in scores[j]:
-                mean = float(numpy.float32(v / iterations))
-                extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(mean))} loss)" if weight else ""
-                log.info("    Test net output #%d: %s = %s%s", index, name, fmt(mean), extra)
-                results[next(keys)] = mean
-                index += 1
+            mean = float(numpy.float32(total / iterations))
+            extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(mean))} loss)" if weight else ""
+            log.info("    Test net output #%d: %s = %s%s", index, name, fmt(mean), extra)
+            results[key] = mean
         for listener in self.listeners:
             if hasattr(listener, "on_test"):
                 listener.on_test(self.iter, test_net_id, results)
@@ -445,6 +463,7 @@ class Solver:
 
     def snapshot(self):
         """Writes <prefix>_iter_<N>.caffemodel(.h5) and .solverstate(.h5), each atomically."""
+        self._snapshot_iter = self.iter
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             model_filename = self.snapshot_filename(".caffemodel.h5")
             log.info("Snapshotting to HDF5 file %s", model_filename)

@@ -1,0 +1,55 @@
+"""Testing on every rank: test batches dealt out round-robin, per-batch outputs gathered on the root.
+
+Global test batch k (counted over all tests of a net, as its data layer's stream runs on) is run by
+rank k mod P: the net's data layers read blocks of one batch (scaffe.data.sharding), so rank r's
+j-th batch is global batch j*P + r, exactly the batch one process would read. The root gathers
+every batch's outputs and sums them in batch order: the report equals one process's, number for
+number, and no rank waits while the root tests alone.
+"""
+import numpy
+
+SHARDED_SOURCES = ("Data", "HDF5Data")  # layers that read their shard of a database (scaffe.data.sharding)
+# Sources that make the same (or unrelated random) samples on every rank: sharding them would not
+# split one stream, so nets with them are tested by the root alone.
+UNSHARDABLE_SOURCES = ("Input", "DummyData", "MemoryData")
+
+
+def shardable(net):
+    """True when every sample of `net` comes from a source that reads its shard of a database."""
+    types = {layer.type for layer in net.layers}
+    return bool(types & set(SHARDED_SOURCES)) and not types & set(UNSHARDABLE_SOURCES)
+
+
+def shard_by_batch(net, rank, size):
+    """Rank `rank` of `size` reads whole batches rank, rank + size, ... of each data layer's stream.
+    Data layers start reading at their first forward, so this holds after construction."""
+    for layer in net.layers:
+        if layer.type in SHARDED_SOURCES:
+            layer.shard_rank, layer.shard_count, layer.shard_block = rank, size, layer.batch_size
+
+
+class ShardedTesting:
+    """Deals the batches of each test out to the ranks of `comm` and gathers their outputs on rank 0."""
+
+    root = 0
+
+    def __init__(self, comm, nets):
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        for net in nets:
+            shard_by_batch(net, self.rank, self.size)
+        self._batches_run = [0] * len(nets)  # global batches each net's stream has given out so far
+
+    def batches(self, net_id, iterations):
+        """Global indices of this rank's batches in the next test of `iterations` batches of net `net_id`."""
+        first = self._batches_run[net_id]
+        self._batches_run[net_id] += iterations
+        return [k for k in range(first, first + iterations) if k % self.size == self.rank]
+
+    def gather(self, batches, rows):
+        """The root gets every rank's `rows` (one array per batch) in global batch order; others get None."""
+        parts = self.comm.gather((list(batches), numpy.asarray(rows, dtype=numpy.float64)), root=self.root)
+        if self.rank != self.root:
+            return None
+        ordered = sorted(((k, row) for indices, block in parts for k, row in zip(indices, block)), key=lambda kr: kr[0])
+        return [row for _, row in ordered]
