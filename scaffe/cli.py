@@ -82,9 +82,12 @@ def _parser():
     t.add_argument("--sigint_effect", default="stop",
                    help="on SIGINT: stop, snapshot or none (SIGTERM always snapshots and stops)")
     t.add_argument("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none")
-    t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce"),
-                   help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates) "
-                        "or bucketed allreduce (every rank updates)")
+    t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce", "native"),
+                   help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates), "
+                        "bucketed allreduce (every rank updates) or native (MPI Allreduce after backward, "
+                        "no overlap: a baseline)")
+    t.add_argument("--timeline", default="", help="write a Chrome trace of training here (all ranks, one file; "
+                                                  "open in ui.perfetto.dev) and log the hidden communication")
     s = sub.add_parser("test", help="score a model")
     _common(s, model=True)
     s.add_argument("--weights", default="", help="the trained .caffemodel")
@@ -207,6 +210,7 @@ def _train(args):
         param.weights.append(args.weights)
     csv_log = None
     solver = None
+    timeline = None
     from scaffe.parallel.launch import make_distributed, quiet_non_root, world
     comm, rank, size = world()
     quiet_non_root(rank)
@@ -214,6 +218,10 @@ def _train(args):
         solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp}, root_solver=rank == 0)
         if size > 1:
             make_distributed(solver, comm, args.schedule)
+        if args.timeline:
+            from scaffe.timeline import Timeline
+            timeline = Timeline(solver, comm)
+            timeline.start()
         solver.action_function = handler.action
         if args.log_csv and rank == 0:  # the root records for everyone
             columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
@@ -225,7 +233,11 @@ def _train(args):
         log.info("Starting Optimization")
         solver.solve()
         log.info("Optimization Done.")  # caffe.cpp prints it again after Solver::Solve
+        if timeline is not None:
+            timeline.finish(args.timeline)
     finally:
+        if timeline is not None:
+            timeline.stop()
         handler.restore()
         if csv_log is not None:
             csv_log.close()

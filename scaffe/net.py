@@ -7,9 +7,11 @@ loss layer unless given); the rules deciding which layers run backward; paramete
 ParamSpec name; lr_mult/decay_mult per learnable blob; CopyTrainedLayersFrom and ToProto.
 
 The distributed trainer hooks in without touching the single-process path: `on_param_needed`
-callbacks run before a layer's forward, `on_grads_ready` callbacks after a layer's backward.
+callbacks run before a layer's forward, `on_grads_ready` callbacks after a layer's backward;
+`on_layer_timed` callbacks (the training timeline) receive each layer's compute interval.
 """
 import os
+import time
 
 import numpy
 
@@ -182,6 +184,8 @@ class Net:
     `param_needed_hooks` run before layer i's forward, `grads_ready_hooks` after layer i's
     backward (also for layers that skip backward, so a trainer sees every index). Use
     `params_needed_at(i)` and `grads_ready_at(i)` to know which learnable params are concerned.
+    `layer_timed_hooks` get `(i, "forward" or "backward", start, end)` (perf_counter seconds) after
+    each layer's computation; the clock is read only while one is registered.
     """
 
     def __init__(self, param, phase=None, stages=None, level=None, *, source=None, xp=numpy,
@@ -203,6 +207,7 @@ class Net:
             self.data_root = os.path.dirname(os.path.abspath(source))
         self.param_needed_hooks = []
         self.grads_ready_hooks = []
+        self.layer_timed_hooks = []
         self._init(param)
 
     @classmethod
@@ -555,12 +560,14 @@ class Net:
 
     # ------------------------------------------------------------ running
 
-    def add_hooks(self, on_param_needed=None, on_grads_ready=None):
-        """Registers per-layer callbacks (each called with the layer index); None adds nothing."""
+    def add_hooks(self, on_param_needed=None, on_grads_ready=None, on_layer_timed=None):
+        """Registers per-layer callbacks (see the class docstring); None adds nothing."""
         if on_param_needed is not None:
             self.param_needed_hooks.append(on_param_needed)
         if on_grads_ready is not None:
             self.grads_ready_hooks.append(on_grads_ready)
+        if on_layer_timed is not None:
+            self.layer_timed_hooks.append(on_layer_timed)
 
     def params_needed_at(self, layer_id):
         """Learnable param ids first used by layer `layer_id` in forward (so must be present then)."""
@@ -577,12 +584,19 @@ class Net:
     def forward_from_to(self, start, end):
         """Runs layers start..end (inclusive) forward; returns the loss they produced."""
         loss = 0.0
+        timed = self.layer_timed_hooks
         for i in range(start, end + 1):
             for hook in self.param_needed_hooks:
                 hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
+            if timed:
+                began = time.perf_counter()
             layer.reshape(bottom, top)
             layer.forward(bottom, top)
+            if timed:
+                ended = time.perf_counter()
+                for hook in timed:
+                    hook(i, "forward", began, ended)
             for top_id, w in self._layer_loss_tops[i]:
                 loss += w * float(top[top_id].data.sum(dtype=numpy.float64))
         return loss
@@ -603,9 +617,16 @@ class Net:
         """Runs layers start down to end (inclusive) backward."""
         if start == len(self.layers) - 1:
             self._reset_loss_diffs()
+        timed = self.layer_timed_hooks
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
+                if timed:
+                    began = time.perf_counter()
                 self._backward_layer(i)
+                if timed:
+                    ended = time.perf_counter()
+                    for hook in timed:
+                        hook(i, "backward", began, ended)
             for hook in self.grads_ready_hooks:
                 hook(i)
 

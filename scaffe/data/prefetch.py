@@ -8,6 +8,8 @@ Reading LMDB, decoding and numpy copies release the GIL, so the thread overlaps 
 import queue
 import threading
 
+from scaffe import timeline
+
 __all__ = ["Prefetcher", "PrefetchError"]
 
 
@@ -29,6 +31,7 @@ class Prefetcher:
         if depth < 1:
             raise ValueError(f"prefetch depth must be at least 1, got {depth}")
         self._produce = produce
+        self.name = name
         self._queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._failed = None
@@ -55,15 +58,16 @@ class Prefetcher:
         """The next batch, in production order; re-raises a producer failure as PrefetchError."""
         if self._failed is not None:
             raise PrefetchError(f"the prefetch thread failed earlier: {self._failed}") from self._failed
-        while True:
-            try:
-                item = self._queue.get(timeout=0.5 if timeout is None else timeout)
-                break
-            except queue.Empty:
-                if timeout is not None:
-                    raise TimeoutError(f"no batch ready after {timeout} s") from None
-                if not self._thread.is_alive() and self._queue.empty():
-                    raise PrefetchError("the prefetch thread stopped without producing a batch")
+        with timeline.waiting("data", self.name):
+            while True:
+                try:
+                    item = self._queue.get(timeout=0.5 if timeout is None else timeout)
+                    break
+                except queue.Empty:
+                    if timeout is not None:
+                        raise TimeoutError(f"no batch ready after {timeout} s") from None
+                    if not self._thread.is_alive() and self._queue.empty():
+                        raise PrefetchError("the prefetch thread stopped without producing a batch")
         if isinstance(item, _Failure):
             self._failed = item.error
             raise PrefetchError(f"the prefetch thread failed: {type(item.error).__name__}: {item.error}") from item.error

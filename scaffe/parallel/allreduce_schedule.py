@@ -82,7 +82,7 @@ class AllreduceSchedule(Schedule):
     def on_gradients_ready(self):
         if self._flags is None:  # a net without gradients still agrees on requests
             self._launch(final=True)
-        MPI.Request.Waitall([request for _, _, request in self._buckets])
+        self.wait_all([request for _, _, request in self._buckets], "gradients")
         self.agreed = requests_from_flags(self._flags)
         scale = numpy.float32(1.0 / self.size)
         for flat, layout, _ in self._buckets:

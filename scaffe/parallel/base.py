@@ -1,5 +1,8 @@
 """What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers,
 and the ranks' agreement on stop/snapshot requests."""
+from mpi4py import MPI
+
+from scaffe import timeline
 from scaffe.solvers.signals import EFFECTS, request_flags
 
 
@@ -53,6 +56,12 @@ class Schedule:
         """Every rank takes the root's parameters (blocking)."""
         for blob in self.params:
             self.comm.Bcast(self.buffer(blob.data), root=self.root)
+
+    @staticmethod
+    def wait_all(requests, what, layer_id=None):
+        """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""
+        with timeline.waiting(what, layer_id):
+            MPI.Request.Waitall(requests)
 
     @staticmethod
     def buffer(array):

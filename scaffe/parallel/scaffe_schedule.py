@@ -45,10 +45,9 @@ class SCaffeSchedule(Schedule):
                 self._bcasts[pid] = self.comm.Ibcast(self.buffer(self.params[pid].data), root=self.root)
 
     def param_needed(self, layer_id):
-        for pid in self.net.params_needed_at(layer_id):
-            request = self._bcasts.pop(pid, None)
-            if request is not None:
-                request.Wait()
+        requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
+        if requests:
+            self.wait_all(requests, "parameters", layer_id)
 
     def grads_ready(self, layer_id):
         if not self.last_pass():
@@ -68,8 +67,8 @@ class SCaffeSchedule(Schedule):
     def on_gradients_ready(self):
         if self.final_grads_layer is None:  # a net without gradients still agrees on requests
             self._gather_requests()
-        MPI.Request.Waitall(list(self._bcasts.values()))  # parameters no forward asked for
-        MPI.Request.Waitall(self._reduces + [self._announce])
+        self.wait_all(list(self._bcasts.values()), "parameters")  # parameters no forward asked for
+        self.wait_all(self._reduces + [self._announce], "gradients")
         self._reduces = []
         self.agreed = requests_from_flags(self._flags_down)
         if self.rank == self.root:

@@ -4,6 +4,7 @@ import importlib
 SCHEDULES = {
     "scaffe": "scaffe.parallel.scaffe_schedule:SCaffeSchedule",
     "allreduce": "scaffe.parallel.allreduce_schedule:AllreduceSchedule",
+    "native": "scaffe.parallel.native_schedule:NativeSchedule",
 }
 
 

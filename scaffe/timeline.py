@@ -1,0 +1,399 @@
+"""The training timeline: what each rank did when, as a Chrome trace, and how much communication hid.
+
+`scaffe train --timeline FILE.json` records, on every rank, each layer's forward and backward, the
+update, every collective from its start to its completion (reported by `collectives.events`, from
+whichever thread ran it), and the waits of the training thread: for data (the Data layer's prefetch
+queue), for parameters and for gradients (the schedule's Waits). The root gathers all ranks into one
+trace in Chrome's Trace Event Format (load it in https://ui.perfetto.dev or chrome://tracing): one
+process per rank (pid = rank), with the tracks `iterations`, `compute` (forward, backward, update and
+the waits for parameters and gradients), `data` (waits for data) and `collectives` (more lanes when
+collectives overlap). Times are microseconds from a Barrier that all ranks left together.
+
+Hidden communication: each collective's [start, end] is intersected with the rank's compute time,
+the union of its forward, backward and update intervals minus every wait; the sum of those overlaps
+over the sum of the collectives' durations is the fraction of communication hidden behind compute.
+On a CPU the collectives' helper thread shares the cores with compute, so "hidden" means overlapped
+in time, not free.
+
+Collectives are labelled with what they carry: a Reduce/Allreduce (blocking or not) with the
+gradients that became ready, in the order they became ready, as many as its bytes cover (one blob
+for the scaffe schedule, a bucket for allreduce); a Bcast with the parameters in forward order.
+`python -m scaffe.timeline FILE.json` prints the summary and, for each gradient collective, the
+layers whose backward ran while it was in flight.
+
+Off (no --timeline), nothing is recorded and no clock is read per layer: the hooks stay empty and
+the waits check one module attribute.
+"""
+import bisect
+import json
+import socket
+import sys
+import time
+
+from collectives import events
+
+recording = None  # the Timeline recording in this process, else None
+
+REDUCING = ("Reduce", "Ireduce", "Allreduce", "Iallreduce")
+BROADCASTING = ("Bcast", "Ibcast")
+COMPUTE = ("forward", "backward", "update")
+# Track ids (tid) and their order on screen; collectives that overlap get lanes COLLECTIVES + 1, ...
+ITERATIONS, COMPUTE_TRACK, COLLECTIVES, DATA = 0, 1, 2, 9
+TRACK_NAMES = {ITERATIONS: "iterations", COMPUTE_TRACK: "compute", COLLECTIVES: "collectives", DATA: "data"}
+_MAX_LANES = DATA - COLLECTIVES
+
+
+class waiting:
+    """`with waiting("gradients"):` records the block as a wait of training for "data",
+    "parameters" or "gradients" (`layer`: a layer index or a name) while a timeline records."""
+    __slots__ = ("what", "layer", "began")
+
+    def __init__(self, what, layer=None):
+        self.what, self.layer = what, layer
+
+    def __enter__(self):
+        self.began = time.perf_counter() if recording is not None else None
+
+    def __exit__(self, *exc):
+        timeline = recording
+        if self.began is not None and timeline is not None:
+            timeline.add_wait(self.what, self.layer, self.began, time.perf_counter())
+
+
+class Timeline:
+    """Records one rank's training; `start()` before solving, `finish(path)` after (collective)."""
+
+    def __init__(self, solver, comm):
+        self.solver = solver
+        self.net = solver.net
+        self.comm = comm  # the job's mpi4py communicator: a Barrier at start, a gather at the end
+        self.rank = comm.Get_rank()
+        self.origin = None
+        self._layers = []        # (layer index, "forward" | "backward", start, end)
+        self._waits = []         # (what, layer, start, end)
+        self._updates = []       # (start, end)
+        self._iterations = []    # (iteration, start, end)
+        self._ops = {}           # op id -> (name, nbytes, start) while in flight
+        self._collectives = []   # (name, nbytes, start, end)
+        self._ready = []         # (layer index, nbytes) of each gradient completed in a last pass
+        self._pass = 0
+        self._iteration_start = self._update_start = None
+
+    # ------------------------------------------------------------ recording
+
+    def start(self):
+        global recording
+        if recording is not None:
+            raise RuntimeError("a timeline is already recording in this process")
+        self.comm.Barrier()  # every rank's time 0 is the same instant, give or take the Barrier's exit
+        self.origin = time.perf_counter()
+        self.net.add_hooks(on_grads_ready=self._grads_ready, on_layer_timed=self._layer_timed)
+        self.solver.callbacks.append(self)
+        self.solver.listeners.append(self)
+        events.add_listener(self)
+        recording = self
+
+    def stop(self):
+        """Stops recording (idempotent); what was recorded stays."""
+        global recording
+        if recording is self:
+            recording = None
+        events.remove_listener(self)
+        for hooks, hook in ((self.net.grads_ready_hooks, self._grads_ready),
+                            (self.net.layer_timed_hooks, self._layer_timed),
+                            (self.solver.callbacks, self), (self.solver.listeners, self)):
+            if hook in hooks:
+                hooks.remove(hook)
+
+    def _layer_timed(self, layer_id, phase, start, end):
+        self._layers.append((layer_id, phase, start, end))
+
+    def _grads_ready(self, layer_id):
+        # Gradients are communicated in the last of the solver's iter_size passes only.
+        if self._pass == self.solver.param.iter_size - 1:
+            for pid in self.net.grads_ready_at(layer_id):
+                self._ready.append((layer_id, self.net.learnable_params[pid].diff.nbytes))
+        if layer_id == 0:
+            self._pass += 1
+
+    def add_wait(self, what, layer, start, end):
+        self._waits.append((what, layer, start, end))
+
+    # solver callbacks and listener: the schedule's callbacks run first, so the update starts here
+    def on_start(self):
+        self._pass = 0
+        self._iteration_start = time.perf_counter()
+
+    def on_gradients_ready(self):
+        self._update_start = time.perf_counter()
+
+    def on_iteration(self, record):
+        now = time.perf_counter()
+        if self._update_start is not None:
+            self._updates.append((self._update_start, now))
+        if self._iteration_start is not None:
+            self._iterations.append((record["iteration"], self._iteration_start, now))
+        self._iteration_start = self._update_start = None
+
+    # collectives.events listener: may run on the collectives' helper thread
+    def started(self, op_id, name, nbytes, t):
+        self._ops[op_id] = (name, nbytes, t)
+
+    def finished(self, op_id, t):
+        op = self._ops.pop(op_id, None)
+        if op is not None:
+            self._collectives.append(op + (t,))
+
+    # ------------------------------------------------------------ the trace
+
+    def trace_events(self):
+        """This rank's Chrome trace events: pid = rank, microseconds since `start()`."""
+        pid = self.rank
+        names = [layer.name for layer in self.net.layers]
+
+        def complete(name, cat, tid, start, end, **args):
+            event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
+                     "ts": round((start - self.origin) * 1e6, 3), "dur": round((end - start) * 1e6, 3)}
+            if args:
+                event["args"] = args
+            return event
+
+        out = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid} ({socket.gethostname()})"}},
+               {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+        for iteration, start, end in self._iterations:
+            out.append(complete(f"iteration {iteration}", "iteration", ITERATIONS, start, end))
+        for layer_id, phase, start, end in self._layers:
+            out.append(complete(names[layer_id], phase, COMPUTE_TRACK, start, end, layer=layer_id))
+        for start, end in self._updates:
+            out.append(complete("update", "update", COMPUTE_TRACK, start, end))
+        for what, layer, start, end in self._waits:
+            name = names[layer] if isinstance(layer, int) else layer
+            label = f"wait {what}" + (f" ({name})" if name else "")
+            out.append(complete(label, "wait", DATA if what == "data" else COMPUTE_TRACK, start, end, waits_for=what))
+        lanes = []  # end time of the last collective in each lane
+        for name, nbytes, start, end, carries, layers in self._labelled_collectives():
+            lane = next((k for k, busy_until in enumerate(lanes) if busy_until <= start), len(lanes))
+            if lane == len(lanes):
+                lanes.append(end)
+            lanes[lane] = end
+            title = f"{name} {', '.join(names[i] for i in layers)}" if layers else name
+            args = {"bytes": nbytes}
+            if carries:
+                args.update(carries=carries, layers=[names[i] for i in layers])
+            out.append(complete(title, "collective", COLLECTIVES + min(lane, _MAX_LANES - 1), start, end, **args))
+        tracks = dict(TRACK_NAMES)
+        for lane in range(1, min(len(lanes), _MAX_LANES)):
+            tracks[COLLECTIVES + lane] = f"collectives {lane + 1}"
+        for tid, name in tracks.items():
+            out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+            out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        return out
+
+    def _labelled_collectives(self):
+        """(name, nbytes, start, end, carries, layer indices) in start order; see the module docstring."""
+        in_forward_order = [(layer_id, self.net.learnable_params[pid].data.nbytes)
+                            for layer_id in range(len(self.net.layers)) for pid in self.net.params_needed_at(layer_id)]
+        next_ready, next_param = 0, 0
+        out = []
+        for name, nbytes, start, end in sorted(self._collectives, key=lambda op: op[2]):
+            carries, layers = None, []
+            if name in REDUCING:
+                found = _match_run(self._ready, next_ready, nbytes, len(in_forward_order))
+                if found is not None:
+                    carries, layers = "gradients", _unique(i for i, _ in self._ready[next_ready:found])
+                    next_ready = found
+            elif name in BROADCASTING and in_forward_order:
+                cycle = in_forward_order[next_param:] + in_forward_order[:next_param]
+                hit = next((k for k, (_, size) in enumerate(cycle) if size == nbytes), None)
+                if hit is not None:
+                    carries, layers = "parameters", [cycle[hit][0]]
+                    next_param = (next_param + hit + 1) % len(in_forward_order)
+            out.append((name, nbytes, start, end, carries, layers))
+        return out
+
+    def finish(self, path):
+        """Stops recording, gathers every rank's events at the root, which writes `path` and logs the
+        hidden fraction. Collective: every rank calls it. Returns the summary (None off the root)."""
+        self.stop()
+        gathered = self.comm.gather(self.trace_events(), root=0)
+        if self.rank != 0:
+            return None
+        trace = {"traceEvents": [e for rank_events in gathered for e in rank_events], "displayTimeUnit": "ms"}
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(trace, f, separators=(",", ":"))
+        summary = summarize(trace)
+        from scaffe.log import get_logger
+        get_logger(__name__).info("Timeline written to %s; %s", path, describe(summary))
+        return summary
+
+
+def _match_run(ready, first, nbytes, lookahead):
+    """End index of the run of `ready` gradients, starting at `first` or up to `lookahead` entries
+    later (past gradients nothing sent), whose bytes add up to `nbytes`; None when none does."""
+    for begin in range(first, min(first + lookahead + 1, len(ready))):
+        total = 0
+        for end in range(begin, len(ready)):
+            total += ready[end][1]
+            if total >= nbytes:
+                break
+        if total == nbytes:
+            return end + 1
+    return None
+
+
+def _unique(items):
+    return list(dict.fromkeys(items))
+
+
+# ---------------------------------------------------------------- analysis of a trace
+
+def _union(intervals):
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def _subtract(intervals, holes):
+    """`intervals` minus `holes`, both merged (sorted, disjoint)."""
+    out, k = [], 0
+    for start, end in intervals:
+        while k < len(holes) and holes[k][1] <= start:
+            k += 1
+        j = k
+        while j < len(holes) and holes[j][0] < end:
+            if holes[j][0] > start:
+                out.append([start, holes[j][0]])
+            start = max(start, holes[j][1])
+            j += 1
+        if start < end:
+            out.append([start, end])
+    return out
+
+
+def _overlap(start, end, merged, starts):
+    """Length of [start, end] inside the merged intervals (whose start times are `starts`)."""
+    total = 0.0
+    k = max(bisect.bisect_right(starts, start) - 1, 0)
+    while k < len(merged) and merged[k][0] < end:
+        total += max(0.0, min(end, merged[k][1]) - max(start, merged[k][0]))
+        k += 1
+    return total
+
+
+def _spans(events, cats):
+    return [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e["cat"] in cats]
+
+
+def _by_rank(trace):
+    ranks = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X":
+            ranks.setdefault(e["pid"], []).append(e)
+    return dict(sorted(ranks.items()))
+
+
+def _compute_time(events):
+    """Merged intervals of the rank's own compute: forward, backward and update minus every wait."""
+    return _subtract(_union(_spans(events, COMPUTE)), _union(_spans(events, ("wait",))))
+
+
+def summarize(trace):
+    """Per rank and over all ranks: communication time, the part hidden behind compute, compute time
+    (microseconds) and iterations; see the module docstring for the definition."""
+    ranks = {}
+    for rank, events in _by_rank(trace).items():
+        busy = _compute_time(events)
+        starts = [s for s, _ in busy]
+        collectives = _spans(events, ("collective",))
+        ranks[rank] = {"communication_us": sum(e - s for s, e in collectives),
+                       "hidden_us": sum(_overlap(s, e, busy, starts) for s, e in collectives),
+                       "compute_us": sum(e - s for s, e in busy),
+                       "collectives": len(collectives),
+                       "iterations": sum(1 for e in events if e["cat"] == "iteration")}
+    total = sum(r["communication_us"] for r in ranks.values())
+    hidden = sum(r["hidden_us"] for r in ranks.values())
+    return {"ranks": ranks, "communication_us": total, "hidden_us": hidden,
+            "hidden_fraction": hidden / total if total > 0 else None}
+
+
+def describe(summary):
+    """One line: communication time and the fraction hidden behind compute, per rank."""
+    if summary["hidden_fraction"] is None:
+        return "no communication recorded"
+    per_rank = ", ".join(f"rank {rank} {_percent(r['hidden_us'], r['communication_us'])}"
+                         for rank, r in summary["ranks"].items())
+    return (f"communication {summary['communication_us'] / 1e3:.1f} ms over all ranks, "
+            f"{summary['hidden_fraction']:.1%} hidden behind compute ({per_rank})")
+
+
+def _percent(part, whole):
+    return f"{part / whole:.1%}" if whole > 0 else "-"
+
+
+def gradient_overlap(trace):
+    """For each rank and each gradient collective (same op, same layers): how many ran, their mean
+    time in flight and hidden (microseconds), and the mean overlap with each layer's backward."""
+    rows = []
+    for rank, events in _by_rank(trace).items():
+        busy = _compute_time(events)
+        starts = [s for s, _ in busy]
+        backward = {}  # (layer index, name) -> its backward intervals, listed in backward order
+        for e in events:
+            if e["cat"] == "backward":
+                backward.setdefault((e["args"]["layer"], e["name"]), []).append((e["ts"], e["ts"] + e["dur"]))
+        backward = {name: _union(spans) for (_, name), spans in sorted(backward.items(), reverse=True)}
+        groups = {}
+        for e in events:
+            if e["cat"] != "collective" or e.get("args", {}).get("carries") != "gradients":
+                continue
+            start, end = e["ts"], e["ts"] + e["dur"]
+            key = (e["name"], e["args"]["bytes"])
+            group = groups.setdefault(key, {"count": 0, "flight": 0.0, "hidden": 0.0, "backward": {}})
+            group["count"] += 1
+            group["flight"] += end - start
+            group["hidden"] += _overlap(start, end, busy, starts)
+            for name, spans in backward.items():
+                part = _overlap(start, end, spans, [s for s, _ in spans])
+                if part > 0:
+                    group["backward"][name] = group["backward"].get(name, 0.0) + part
+        for (name, nbytes), g in groups.items():
+            n = g["count"]
+            rows.append({"rank": rank, "collective": name, "bytes": nbytes, "count": n,
+                         "flight_us": g["flight"] / n, "hidden_us": g["hidden"] / n,
+                         "backward_us": {layer: t / n for layer, t in g["backward"].items()}})
+    return rows
+
+
+def report(trace):
+    """The summary line and, per gradient collective, the backward it overlapped: printable lines."""
+    lines = [describe(summarize(trace)), "",
+             "# rank  gradient collective (bytes)          calls  in flight ms  hidden  backward it overlapped (ms per call)"]
+    for row in gradient_overlap(trace):
+        overlapped = ", ".join(f"{layer} {t / 1e3:.3f}" for layer, t in row["backward_us"].items()) or "-"
+        what = f"{row['collective']} ({row['bytes']})"
+        lines.append(f"{row['rank']:>6}  {what:<36}{row['count']:>6}{row['flight_us'] / 1e3:>14.3f}"
+                     f"{_percent(row['hidden_us'], row['flight_us']):>8}  {overlapped}")
+    return lines
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write("usage: python -m scaffe.timeline FILE.json   (a trace from scaffe train --timeline)\n")
+        return 2
+    for line in report(load(argv[0])):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
