@@ -31,6 +31,9 @@ import sys
 import time
 
 from collectives import events
+from scaffe.log import get_logger
+
+log = get_logger(__name__)
 
 recording = None  # the Timeline recording in this process, else None
 
@@ -211,20 +214,23 @@ class Timeline:
             out.append((name, nbytes, start, end, carries, layers))
         return out
 
-    def finish(self, path):
-        """Stops recording, gathers every rank's events at the root, which writes `path` and logs the
-        hidden fraction. Collective: every rank calls it. Returns the summary (None off the root)."""
+    def gather(self):
+        """Stops recording and gathers every rank's events into one trace at the root (None on the
+        others). Collective: every rank calls it."""
         self.stop()
         gathered = self.comm.gather(self.trace_events(), root=0)
         if self.rank != 0:
             return None
-        trace = {"traceEvents": [e for rank_events in gathered for e in rank_events], "displayTimeUnit": "ms"}
+        return {"traceEvents": [e for rank_events in gathered for e in rank_events], "displayTimeUnit": "ms"}
+
+    def finish(self, path):
+        """`gather()`, then the root writes the trace to `path` and logs the hidden fraction."""
+        trace = self.gather()
+        if trace is None:
+            return
         with open(path, "w", encoding="utf-8") as f:
             json.dump(trace, f, separators=(",", ":"))
-        summary = summarize(trace)
-        from scaffe.log import get_logger
-        get_logger(__name__).info("Timeline written to %s; %s", path, describe(summary))
-        return summary
+        log.info("Timeline written to %s; %s", path, describe(summarize(trace)))
 
 
 def _match_run(ready, first, nbytes, lookahead):

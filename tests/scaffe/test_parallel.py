@@ -27,7 +27,7 @@ def _run(ranks, args, timeout=240):
     return done
 
 
-@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce", "native"])
 def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path, schedule):
     iterations, ranks, batch = 4, 2, 32
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"

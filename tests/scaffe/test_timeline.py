@@ -1,0 +1,153 @@
+"""The training timeline: the trace `scaffe train --timeline` writes, its hidden-communication figure
+and per-layer report, and that it reads no clock per layer when off."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy
+import pytest
+from google.protobuf import text_format
+
+from scaffe import timeline
+from scaffe.net import Net
+from scaffe.proto import caffe_pb2
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+LENET_TRAIN = ["mnist", "conv1", "pool1", "conv2", "pool2", "ip1", "relu1", "ip2", "loss"]
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
+
+
+def _solver(tmp_path):
+    """LeNet on the bundled MNIST with no tests, displays or snapshots: only training iterations."""
+    path = tmp_path / "solver.prototxt"
+    path.write_text(f'net: "{ROOT}/examples/mnist/lenet_train_test.prototxt"\n'
+                    'base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" display: 0 max_iter: 3\n'
+                    'snapshot_after_train: false random_seed: 1 solver_mode: CPU\n')
+    return path
+
+
+def _train(tmp_path, ranks, *flags, timeout=300):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    command = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [
+        sys.executable, "-m", "scaffe", "train", f"--solver={_solver(tmp_path)}", *flags]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True)
+    assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
+
+
+def _complete(trace, pid=0):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == pid]
+
+
+def _track_names(trace, pid=0):
+    return {e["tid"]: e["args"]["name"] for e in trace["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
+
+
+def test_one_process_trace_has_every_layer_update_and_data_wait(mnist, tmp_path):
+    log = _train(tmp_path, 1, f"--timeline={tmp_path / 't.json'}")
+    assert f"Timeline written to {tmp_path / 't.json'}; no communication recorded" in log
+    trace = json.loads((tmp_path / "t.json").read_text())
+    events = _complete(trace)
+    names = _track_names(trace)
+    assert names[timeline.COMPUTE_TRACK] == "compute" and names[timeline.DATA] == "data"
+    assert [e["name"] for e in events if e["cat"] == "iteration"] == ["iteration 0", "iteration 1", "iteration 2"]
+    forward = [e["name"] for e in events if e["cat"] == "forward"]
+    backward = [e["name"] for e in events if e["cat"] == "backward"]
+    assert forward == LENET_TRAIN * 3
+    assert backward == LENET_TRAIN[:0:-1] * 3  # the data layer has no backward
+    assert sum(e["cat"] == "update" for e in events) == 3
+    waits = [e for e in events if e["cat"] == "wait"]
+    assert [(e["tid"], e["name"]) for e in waits] == [(timeline.DATA, "wait data (scaffe-data-mnist)")] * 3
+    # The compute track is one thread's work: its slices follow each other without overlapping.
+    compute = sorted((e for e in events if e["tid"] == timeline.COMPUTE_TRACK), key=lambda e: e["ts"])
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(compute, compute[1:]))
+    # Each iteration holds its forward, backward and update, and each data wait its layer's forward.
+    for it in (e for e in events if e["cat"] == "iteration"):
+        inside = [e for e in compute if it["ts"] <= e["ts"] and e["ts"] + e["dur"] <= it["ts"] + it["dur"] + 1e-3]
+        assert len(inside) == 2 * len(LENET_TRAIN) - 1 + 1
+    for wait in waits:
+        assert any(f["name"] == "mnist" and f["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= f["ts"] + f["dur"] + 1e-3
+                   for f in events if f["cat"] == "forward")
+
+
+def test_native_schedule_collectives_are_labelled_and_not_hidden(mnist, tmp_path):
+    """The baseline allreduces every gradient after backward: nothing overlaps, each blob is named."""
+    log = _train(tmp_path, 2, "--schedule=native", f"--timeline={tmp_path / 't.json'}")
+    assert "0.0% hidden behind compute (rank 0 0.0%, rank 1 0.0%)" in log
+    trace = timeline.load(tmp_path / "t.json")
+    for rank in (0, 1):
+        events = _complete(trace, rank)
+        collectives = [e for e in events if e["cat"] == "collective"]
+        gradients = [(e["name"], e["args"]["bytes"]) for e in collectives if e["args"].get("carries") == "gradients"]
+        # LeNet's weights and biases, in the order backward completes them, every iteration.
+        one = [("Allreduce ip2", 20000), ("Allreduce ip2", 40), ("Allreduce ip1", 1600000), ("Allreduce ip1", 2000),
+               ("Allreduce conv2", 100000), ("Allreduce conv2", 200), ("Allreduce conv1", 2000),
+               ("Allreduce conv1", 80)]
+        assert gradients == one * 3
+        params = [e["name"] for e in collectives if e["args"].get("carries") == "parameters"]
+        assert params == ["Bcast conv1", "Bcast conv1", "Bcast conv2", "Bcast conv2", "Bcast ip1", "Bcast ip1",
+                          "Bcast ip2", "Bcast ip2"]
+        assert sum(e["name"] == "wait gradients" for e in events) == 3
+    rows = timeline.gradient_overlap(trace)
+    assert len(rows) == 2 * 8 and all(r["count"] == 3 and r["hidden_us"] == 0 for r in rows)
+    assert all(not r["backward_us"] for r in rows)
+
+
+def test_hidden_fraction_and_report_on_a_known_trace():
+    def x(name, cat, tid, start, end, **args):
+        return {"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": tid, "ts": start, "dur": end - start,
+                "args": args}
+    compute, lane, data = timeline.COMPUTE_TRACK, timeline.COLLECTIVES, timeline.DATA
+    trace = {"traceEvents": [
+        x("data", "forward", compute, 0, 10, layer=0), x("wait data", "wait", data, 1, 2),
+        x("fc2", "backward", compute, 20, 30, layer=2), x("fc1", "backward", compute, 30, 40, layer=1),
+        x("update", "update", compute, 40, 45), x("wait gradients", "wait", compute, 45, 50),
+        x("Bcast fc1", "collective", lane, 0.5, 1.5, bytes=4, carries="parameters", layers=["fc1"]),
+        x("Bcast fc2", "collective", lane, 5, 8, bytes=4, carries="parameters", layers=["fc2"]),
+        x("Ireduce fc2", "collective", lane, 30, 48, bytes=8, carries="gradients", layers=["fc2"])]}
+    summary = timeline.summarize(trace)
+    # Hidden: 0.5 of the first Bcast (the rest is the data wait), all 3 of the second, and of the
+    # reduce the 10 of fc1's backward plus the 5 of the update, not the wait.
+    assert summary["communication_us"] == 22 and summary["hidden_us"] == 18.5
+    assert summary["ranks"][0]["compute_us"] == 9 + 20 + 5
+    assert timeline.describe(summary) == ("communication 0.0 ms over all ranks, 84.1% hidden behind compute "
+                                          "(rank 0 84.1%)")
+    [row] = timeline.gradient_overlap(trace)
+    assert row["collective"] == "Ireduce fc2" and row["count"] == 1
+    assert row["flight_us"] == 18 and row["hidden_us"] == 15 and row["backward_us"] == {"fc1": 10}
+    assert timeline.report(trace)[-1].split()[:3] == ["0", "Ireduce", "fc2"]
+
+
+NET = """
+layer { name: "in" type: "Input" top: "x" top: "y" input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+layer { name: "fc" type: "InnerProduct" bottom: "x" top: "z"
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "y" top: "loss" }
+"""
+
+
+def test_layers_read_no_clock_unless_a_timeline_listens(monkeypatch):
+    net = Net(text_format.Parse(NET, caffe_pb2.NetParameter()), "TRAIN")
+    net.input_blobs[0].data[...] = numpy.arange(12).reshape(4, 3)
+    calls = []
+    clock = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: calls.append(1) or clock())
+    net.forward_backward()
+    assert calls == []
+    timed = []
+    net.add_hooks(on_layer_timed=lambda *args: timed.append(args))
+    net.forward_backward()
+    assert [(layer, phase) for layer, phase, _, _ in timed] == [(0, "forward"), (1, "forward"), (2, "forward"),
+                                                                (2, "backward"), (1, "backward")]
+    assert all(start <= end for _, _, start, end in timed) and len(calls) == 2 * len(timed)

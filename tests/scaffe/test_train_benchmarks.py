@@ -1,0 +1,86 @@
+"""perf.train_scaling prints its table for 1 and 2 ranks; perf.plot_timeline draws a trace."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaffe import timeline
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _perf(module, *args, timeout=300):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", f"perf.{module}", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, start_new_session=True)
+
+
+def test_train_scaling_table_for_one_and_two_ranks():
+    done = _perf("train_scaling", "--ranks", "1,2", "--iterations", "2", "--warmup", "1", "--repeats", "1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("# scaffe training scaling: lenet, batch 64 per rank, 2 iterations")
+    assert lines[2].split() == ["#", "ranks", "schedule", "images/s", "iter", "ms", "compute", "ms", "comm", "ms",
+                                "hidden", "efficiency", "vs", "native"]
+    rows = {(int(r[0]), r[1]): r[2:] for r in (line.split() for line in lines[3:])}
+    assert list(rows) == [(1, "single"), (2, "scaffe"), (2, "allreduce"), (2, "native")]
+    for (ranks, schedule), (images, iter_ms, compute, comm, hidden, efficiency, versus) in rows.items():
+        images, iter_ms, compute, comm = float(images), float(iter_ms), float(compute), float(comm)
+        # images/s and ms per iteration describe the same run: 64 images per rank per iteration.
+        assert images * iter_ms / 1e3 == pytest.approx(64 * ranks, rel=0.01)
+        assert 0 < compute <= iter_ms * 1.01
+        assert float(efficiency) == pytest.approx(images / (ranks * float(rows[(1, "single")][0])), abs=0.01)
+        if ranks == 1:
+            assert comm == 0 and hidden == "-" and versus == "-"
+        else:
+            assert float(versus) == pytest.approx(images / float(rows[(2, "native")][0]), abs=0.01)
+    # The baseline communicates after backward only: measured, and none of it hidden.
+    assert float(rows[(2, "native")][3]) > 0 and rows[(2, "native")][4] == "0%"
+
+
+def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
+    from perf.train_scaling import alexnet_train_net
+    from scaffe import io as sio
+    net = alexnet_train_net(8)
+    deploy = sio.read_net_prototxt(str(ROOT / "examples" / "alexnet" / "deploy.prototxt"))
+    assert [layer.type for layer in net.layer[1:-1]] == [layer.type for layer in deploy.layer[1:-1]]
+    data, loss = net.layer[0], net.layer[-1]
+    assert data.type == "DummyData" and list(data.top) == ["data", "label"]
+    assert [list(s.dim) for s in data.dummy_data_param.shape] == [[8, 3, 227, 227], [8]]
+    assert loss.type == "SoftmaxWithLoss" and list(loss.bottom) == ["fc8", "label"]
+
+
+def _trace():
+    def x(pid, name, cat, tid, start, end):
+        return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start, "dur": end - start}
+    events = []
+    for rank in (0, 1):
+        events += [x(rank, "conv1", "forward", timeline.COMPUTE_TRACK, 0, 900),
+                   x(rank, "wait data", "wait", timeline.DATA, 10, 200),
+                   x(rank, "conv1", "backward", timeline.COMPUTE_TRACK, 1000, 2000),
+                   x(rank, "update", "update", timeline.COMPUTE_TRACK, 2000, 2100),
+                   x(rank, "Ireduce conv1", "collective", timeline.COLLECTIVES, 1500, 2500)]
+    return {"traceEvents": events}
+
+
+def test_plot_timeline_draws_a_row_per_rank_and_track(tmp_path):
+    pytest.importorskip("matplotlib")
+    from perf import plot_timeline
+    out = tmp_path / "t.png"
+    plot_timeline.plot(_trace(), out)
+    import matplotlib.image
+    picture = matplotlib.image.imread(out)
+    assert picture.shape[0] > 200 and picture.shape[1] > 1000
+    assert picture[..., :3].std() > 0  # not a blank canvas
+
+
+def test_plot_timeline_says_matplotlib_is_missing(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps(_trace()))
+    code = ("import sys; sys.modules['matplotlib'] = None; from perf import plot_timeline; "
+            f"plot_timeline.main([{str(trace)!r}, {str(tmp_path / 't.png')!r}])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "needs matplotlib: pip install -e '.[plot]'" in done.stderr
