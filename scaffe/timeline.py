@@ -377,12 +377,11 @@ def gradient_overlap(trace):
 def report(trace):
     """The summary line and, per gradient collective, the backward it overlapped: printable lines."""
     lines = [describe(summarize(trace)), "",
-             "# rank  gradient collective (bytes)          calls  in flight ms  hidden  backward it overlapped (ms per call)"]
+             "# rank  calls  in flight ms  hidden      bytes  gradient collective: backward it overlapped (ms per call)"]
     for row in gradient_overlap(trace):
         overlapped = ", ".join(f"{layer} {t / 1e3:.3f}" for layer, t in row["backward_us"].items()) or "-"
-        what = f"{row['collective']} ({row['bytes']})"
-        lines.append(f"{row['rank']:>6}  {what:<36}{row['count']:>6}{row['flight_us'] / 1e3:>14.3f}"
-                     f"{_percent(row['hidden_us'], row['flight_us']):>8}  {overlapped}")
+        lines.append(f"{row['rank']:>6}{row['count']:>7}{row['flight_us'] / 1e3:>14.3f}"
+                     f"{_percent(row['hidden_us'], row['flight_us']):>8}{row['bytes']:>11}  {row['collective']}: {overlapped}")
     return lines
 
 

@@ -60,6 +60,8 @@ class Schedule:
     @staticmethod
     def wait_all(requests, what, layer_id=None):
         """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""
+        if not requests:
+            return
         with timeline.waiting(what, layer_id):
             MPI.Request.Waitall(requests)
 

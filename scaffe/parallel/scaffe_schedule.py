@@ -46,8 +46,7 @@ class SCaffeSchedule(Schedule):
 
     def param_needed(self, layer_id):
         requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
-        if requests:
-            self.wait_all(requests, "parameters", layer_id)
+        self.wait_all(requests, "parameters", layer_id)
 
     def grads_ready(self, layer_id):
         if not self.last_pass():

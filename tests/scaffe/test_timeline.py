@@ -126,7 +126,7 @@ def test_hidden_fraction_and_report_on_a_known_trace():
     [row] = timeline.gradient_overlap(trace)
     assert row["collective"] == "Ireduce fc2" and row["count"] == 1
     assert row["flight_us"] == 18 and row["hidden_us"] == 15 and row["backward_us"] == {"fc1": 10}
-    assert timeline.report(trace)[-1].split()[:3] == ["0", "Ireduce", "fc2"]
+    assert timeline.report(trace)[-1].split() == ["0", "1", "0.018", "83.3%", "8", "Ireduce", "fc2:", "fc1", "0.010"]
 
 
 NET = """
@@ -151,3 +151,4 @@ def test_layers_read_no_clock_unless_a_timeline_listens(monkeypatch):
     assert [(layer, phase) for layer, phase, _, _ in timed] == [(0, "forward"), (1, "forward"), (2, "forward"),
                                                                 (2, "backward"), (1, "backward")]
     assert all(start <= end for _, _, start, end in timed) and len(calls) == 2 * len(timed)
+
