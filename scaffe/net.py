@@ -185,7 +185,8 @@ class Net:
     backward (also for layers that skip backward, so a trainer sees every index). Use
     `params_needed_at(i)` and `grads_ready_at(i)` to know which learnable params are concerned.
     `layer_timed_hooks` get `(i, "forward" or "backward", start, end)` (perf_counter seconds) after
-    each layer's computation; the clock is read only while one is registered.
+    each layer's computation; the clock is read (on a GPU, after waiting for the current stream)
+    only while one is registered.
     """
 
     def __init__(self, param, phase=None, stages=None, level=None, *, source=None, xp=numpy,
@@ -590,11 +591,11 @@ class Net:
                 hook(i)
             layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
             if timed:
-                began = time.perf_counter()
+                began = self._clock()
             layer.reshape(bottom, top)
             layer.forward(bottom, top)
             if timed:
-                ended = time.perf_counter()
+                ended = self._clock()
                 for hook in timed:
                     hook(i, "forward", began, ended)
             for top_id, w in self._layer_loss_tops[i]:
@@ -621,14 +622,21 @@ class Net:
         for i in range(start, end - 1, -1):
             if self.layer_need_backward[i]:
                 if timed:
-                    began = time.perf_counter()
+                    began = self._clock()
                 self._backward_layer(i)
                 if timed:
-                    ended = time.perf_counter()
+                    ended = self._clock()
                     for hook in timed:
                         hook(i, "backward", began, ended)
             for hook in self.grads_ready_hooks:
                 hook(i)
+
+    def _clock(self):
+        """perf_counter() once the work queued so far is done: a GPU runs layers asynchronously, so
+        without waiting for its stream a layer's time would be its kernel launches only."""
+        if self.xp is not numpy:
+            self.xp.cuda.get_current_stream().synchronize()
+        return time.perf_counter()
 
     def _backward_layer(self, i):
         layer = self.layers[i]

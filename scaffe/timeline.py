@@ -13,7 +13,8 @@ Hidden communication: each collective's [start, end] is intersected with the ran
 the union of its forward, backward and update intervals minus every wait; the sum of those overlaps
 over the sum of the collectives' durations is the fraction of communication hidden behind compute.
 On a CPU the collectives' helper thread shares the cores with compute, so "hidden" means overlapped
-in time, not free.
+in time, not free. On a GPU each timed layer waits for its stream, so that its slice is its kernels'
+time, not their launch: recording takes away the overlap of host and device within the compute.
 
 Collectives are labelled with what they carry: a Reduce/Allreduce (blocking or not) with the
 gradients that became ready, in the order they became ready, as many as its bytes cover (one blob
