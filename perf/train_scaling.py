@@ -3,6 +3,7 @@ communication hidden behind compute, for each rank count and schedule, against t
 
     python -m perf.train_scaling [--net lenet|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
                                  [--repeats 3] [--batch B] [--launcher 'mpiexec -n {ranks}'] [--hosts H]
+                                 [--traces DIR]
 
 For each rank count P > 1, one job is launched (the launcher template, then this module as the worker);
 in it the schedules `scaffe` and `allreduce` and the baseline `native` (MPI's own Allreduce of every
@@ -18,6 +19,8 @@ SoftmaxWithLoss on synthetic data (a DummyData layer of constant images and labe
 
 Launcher: `{ranks}` is the number of ranks, `{per_host}` that divided by --hosts. On the multi-host
 bed: --hosts 2 --launcher 'jobs/cluster.sh run -n {per_host}'.
+
+`--traces DIR` keeps each run's timeline (`python -m scaffe.timeline FILE` prints what overlapped what).
 
 Columns: compute ms is each rank's forward, backward and update time per iteration less its waits,
 comm ms its collectives' time per iteration (both averaged over ranks); hidden is the part of the
@@ -136,6 +139,8 @@ def worker(args):
             finally:
                 solver.close()
             if rank == 0:
+                if args.traces:
+                    timeline.save(trace, Path(args.traces) / f"{args.net}-{size}ranks-{schedule}-{repeat}.json")
                 summary = timeline.summarize(trace)
                 per_rank = list(summary["ranks"].values())
                 print(RESULT + json.dumps({
@@ -161,7 +166,8 @@ def launch_command(template, ranks, hosts):
 def run_job(args, ranks):
     command = launch_command(args.launcher, ranks, args.hosts) + [
         sys.executable, "-m", "perf.train_scaling", "--worker", "--net", args.net, "--batch", str(args.batch),
-        "--iterations", str(args.iterations), "--warmup", str(args.warmup), "--repeats", str(args.repeats)]
+        "--iterations", str(args.iterations), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+        "--traces", args.traces]
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout,
                               start_new_session=True)
@@ -213,6 +219,8 @@ def main(argv=None):
     p.add_argument("--launcher", default=f"{Path(sys.executable).with_name('mpiexec')} -n {{ranks}}",
                    help="command prefix launching P ranks: {ranks}, {per_host} are filled in")
     p.add_argument("--hosts", type=int, default=1, help="hosts the launcher spreads ranks over ({per_host})")
+    p.add_argument("--traces", default="", help="save each run's timeline in this folder "
+                                                "(NET-Pranks-SCHEDULE-REPEAT.json, see scaffe.timeline)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one job may take")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -227,6 +235,9 @@ def main(argv=None):
         p.error(f"--ranks={args.ranks}: give rank counts like 1,2,4")
     if not ranks or ranks[0] < 1:
         p.error(f"--ranks={args.ranks}: give rank counts like 1,2,4")
+    if args.traces:
+        args.traces = os.path.abspath(args.traces)
+        os.makedirs(args.traces, exist_ok=True)
     if args.net == "lenet":
         from scaffe.tools.convert_mnist import ensure_mnist_lmdb
         ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))

@@ -156,8 +156,9 @@ class Timeline:
         names = [layer.name for layer in self.net.layers]
 
         def complete(name, cat, tid, start, end, **args):
-            event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
-                     "ts": round((start - self.origin) * 1e6, 3), "dur": round((end - start) * 1e6, 3)}
+            # Both ends rounded alike, so slices that follow each other never overlap by a rounding.
+            ts, te = round((start - self.origin) * 1e6, 3), round((end - self.origin) * 1e6, 3)
+            event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": round(te - ts, 3)}
             if args:
                 event["args"] = args
             return event
@@ -229,8 +230,7 @@ class Timeline:
         trace = self.gather()
         if trace is None:
             return
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(trace, f, separators=(",", ":"))
+        save(trace, path)
         log.info("Timeline written to %s; %s", path, describe(summarize(trace)))
 
 
@@ -309,8 +309,8 @@ def _compute_time(events):
 
 
 def summarize(trace):
-    """Per rank and over all ranks: communication time, the part hidden behind compute, compute time
-    (microseconds) and iterations; see the module docstring for the definition."""
+    """Per rank and over all ranks: communication time, the part hidden behind compute, and compute
+    time (microseconds); see the module docstring for the definition."""
     ranks = {}
     for rank, events in _by_rank(trace).items():
         busy = _compute_time(events)
@@ -318,9 +318,7 @@ def summarize(trace):
         collectives = _spans(events, ("collective",))
         ranks[rank] = {"communication_us": sum(e - s for s, e in collectives),
                        "hidden_us": sum(_overlap(s, e, busy, starts) for s, e in collectives),
-                       "compute_us": sum(e - s for s, e in busy),
-                       "collectives": len(collectives),
-                       "iterations": sum(1 for e in events if e["cat"] == "iteration")}
+                       "compute_us": sum(e - s for s, e in busy)}
     total = sum(r["communication_us"] for r in ranks.values())
     hidden = sum(r["hidden_us"] for r in ranks.values())
     return {"ranks": ranks, "communication_us": total, "hidden_us": hidden,
@@ -384,6 +382,11 @@ def report(trace):
         lines.append(f"{row['rank']:>6}{row['count']:>7}{row['flight_us'] / 1e3:>14.3f}"
                      f"{_percent(row['hidden_us'], row['flight_us']):>8}{row['bytes']:>11}  {row['collective']}: {overlapped}")
     return lines
+
+
+def save(trace, path):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f, separators=(",", ":"))
 
 
 def load(path):

@@ -18,8 +18,9 @@ def _perf(module, *args, timeout=300):
                           text=True, timeout=timeout, start_new_session=True)
 
 
-def test_train_scaling_table_for_one_and_two_ranks():
-    done = _perf("train_scaling", "--ranks", "1,2", "--iterations", "2", "--warmup", "1", "--repeats", "1")
+def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
+    done = _perf("train_scaling", "--ranks", "1,2", "--iterations", "2", "--warmup", "1", "--repeats", "1",
+                 "--traces", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("# scaffe training scaling: lenet, batch 64 per rank, 2 iterations")
@@ -39,6 +40,11 @@ def test_train_scaling_table_for_one_and_two_ranks():
             assert float(versus) == pytest.approx(images / float(rows[(2, "native")][0]), abs=0.01)
     # The baseline communicates after backward only: measured, and none of it hidden.
     assert float(rows[(2, "native")][3]) > 0 and rows[(2, "native")][4] == "0%"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "lenet-1ranks-single-0.json", "lenet-2ranks-allreduce-0.json", "lenet-2ranks-native-0.json",
+        "lenet-2ranks-scaffe-0.json"]
+    native = timeline.summarize(timeline.load(tmp_path / "lenet-2ranks-native-0.json"))
+    assert sorted(native["ranks"]) == [0, 1] and native["hidden_fraction"] == 0
 
 
 def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
