@@ -117,16 +117,15 @@ def worker(args):
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     collectives.install_abort_hook(world)
-    fast = None
-    if size > 1:
-        fast = collectives.Comm(world)
-        fast.describe()  # collective: sets the communicator up on every rank
     variants = list(SCHEDULES) if size > 1 else ["single"]
     for repeat in range(args.repeats):
         for schedule in (variants if repeat % 2 == 0 else variants[::-1]):
             solver = make_solver(args.net, args.batch, rank)
+            # Each run gets a communicator of its own, as a job would, and frees it (with the
+            # shared memory its buckets took) at the end.
+            fast = collectives.Comm(world.Dup()) if size > 1 else None
             try:
-                if size > 1:
+                if fast is not None:
                     shard_training_data(solver, rank, size)
                     attach(solver, fast, schedule)
                 solver.step(args.warmup)
@@ -138,6 +137,8 @@ def worker(args):
                 trace = recorder.gather()
             finally:
                 solver.close()
+                if fast is not None:
+                    fast.Free()
             if rank == 0:
                 if args.traces:
                     timeline.save(trace, Path(args.traces) / f"{args.net}-{size}ranks-{schedule}-{repeat}.json")
