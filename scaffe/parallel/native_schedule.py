@@ -29,9 +29,7 @@ class NativeSchedule(Schedule):
         if not self._synced:
             for blob in self.params:
                 data = self.buffer(blob.data)
-                op_id = events.started("Bcast", data.nbytes)
-                self.native.Bcast(data, root=self.root)
-                events.finished(op_id)
+                events.reported("Bcast", data.nbytes, self.native.Bcast, data, self.root)
             self._synced = True
 
     def grads_ready(self, layer_id):
@@ -43,9 +41,7 @@ class NativeSchedule(Schedule):
         with timeline.waiting("gradients"):
             for pid in self._ready:
                 diff = self.buffer(self.params[pid].diff)
-                op_id = events.started("Allreduce", diff.nbytes)
-                self.native.Allreduce(MPI.IN_PLACE, diff, op=MPI.SUM)
-                events.finished(op_id)
+                events.reported("Allreduce", diff.nbytes, self.native.Allreduce, MPI.IN_PLACE, diff, MPI.SUM)
         scale = numpy.float32(1.0 / self.size)
         for blob in self.params:
             blob.diff *= scale

@@ -2,6 +2,7 @@
 and per-layer report, and that it reads no clock per layer when off."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -152,3 +153,35 @@ def test_layers_read_no_clock_unless_a_timeline_listens(monkeypatch):
                                                                 (2, "backward"), (1, "backward")]
     assert all(start <= end for _, _, start, end in timed) and len(calls) == 2 * len(timed)
 
+
+
+def test_scaffe_schedule_reduces_each_layer_while_lower_layers_run_backward(mnist, tmp_path):
+    """Every gradient Ireduce is named by its layer and starts after that layer's backward, so the
+    backward it overlaps can only be of layers below it; parameters come by Ibcast, layer by layer."""
+    log = _train(tmp_path, 2, "--schedule=scaffe", f"--timeline={tmp_path / 't.json'}")
+    assert re.search(r"Timeline written to .*; communication [\d.]+ ms over all ranks, [\d.]+% hidden behind "
+                     r"compute \(rank 0 [\d.]+%, rank 1 [\d.]+%\)", log)
+    trace = timeline.load(tmp_path / "t.json")
+    index = {name: i for i, name in enumerate(LENET_TRAIN)}
+    for rank in (0, 1):
+        events = _complete(trace, rank)
+        collectives = [e for e in events if e["cat"] == "collective"]
+        reduces = [e for e in collectives if e["name"].startswith("Ireduce")]
+        assert [e["name"] for e in reduces] == [f"Ireduce {layer}" for layer in ("ip2", "ip1", "conv2", "conv1")
+                                                for _ in range(2)] * 3
+        assert all(e["args"]["carries"] == "gradients" for e in reduces)
+        assert [e["name"] for e in collectives if e["name"].startswith("Ibcast")] == [
+            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] * 3
+        for lane in {e["tid"] for e in collectives}:  # a lane's slices follow each other, as Perfetto needs
+            slices = sorted((e for e in collectives if e["tid"] == lane), key=lambda e: e["ts"])
+            assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(slices, slices[1:]))
+        backward = [e for e in events if e["cat"] == "backward"]
+        for reduce in reduces:
+            [layer] = reduce["args"]["layers"]
+            own = [b for b in backward if b["name"] == layer and b["ts"] <= reduce["ts"]]
+            assert own and own[-1]["ts"] + own[-1]["dur"] <= reduce["ts"] + 1e-3
+        assert {e["name"] for e in events if e["cat"] == "wait" and "parameters" in e["name"]} == {
+            f"wait parameters ({layer})" for layer in ("conv1", "conv2", "ip1", "ip2")}
+    for row in timeline.gradient_overlap(trace):
+        layer = row["collective"].split()[1]
+        assert row["count"] == 3 and all(index[other] < index[layer] for other in row["backward_us"])

@@ -37,6 +37,7 @@ def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
         if ranks == 1:
             assert comm == 0 and hidden == "-" and versus == "-"
         else:
+            assert comm > 0 and 0 <= float(hidden.rstrip("%")) <= 100
             assert float(versus) == pytest.approx(images / float(rows[(2, "native")][0]), abs=0.01)
     # The baseline communicates after backward only: measured, and none of it hidden.
     assert float(rows[(2, "native")][3]) > 0 and rows[(2, "native")][4] == "0%"
@@ -45,6 +46,10 @@ def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
         "lenet-2ranks-scaffe-0.json"]
     native = timeline.summarize(timeline.load(tmp_path / "lenet-2ranks-native-0.json"))
     assert sorted(native["ranks"]) == [0, 1] and native["hidden_fraction"] == 0
+    # LeNet's 1.7 MB of gradients fill one bucket, named by its layers in the order backward filled it.
+    buckets = [(e["pid"], e["args"]["layers"]) for e in timeline.load(tmp_path / "lenet-2ranks-allreduce-0.json")
+               ["traceEvents"] if e.get("cat") == "collective" and e["name"].startswith("Iallreduce")]
+    assert buckets == [(rank, ["ip2", "ip1", "conv2", "conv1"]) for rank in (0, 1) for _ in range(2)]
 
 
 def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
