@@ -19,8 +19,8 @@ time, not their launch: recording takes away the overlap of host and device with
 Collectives are labelled with what they carry: a Reduce/Allreduce (blocking or not) with the
 gradients that became ready, in the order they became ready, as many as its bytes cover (one blob
 for the scaffe schedule, a bucket for allreduce); a Bcast with the parameters in forward order.
-`python -m scaffe.timeline FILE.json` prints the summary and, for each gradient collective, the
-layers whose backward ran while it was in flight.
+`python -m scaffe.timeline FILE.json` prints the summary, where each rank's iterations spend their
+time, and, for each gradient collective, the layers whose backward ran while it was in flight.
 
 Off (no --timeline), nothing is recorded and no clock is read per layer: the hooks stay empty and
 the waits check one module attribute.
@@ -339,6 +339,38 @@ def _percent(part, whole):
     return f"{part / whole:.1%}" if whole > 0 else "-"
 
 
+WAITS = ("data", "parameters", "gradients")
+
+
+def _inside(merged, within):
+    """Length of the merged intervals `merged` that lies inside the merged intervals `within`."""
+    starts = [s for s, _ in within]
+    return sum(_overlap(s, e, within, starts) for s, e in merged)
+
+
+def iteration_breakdown(trace):
+    """Per rank, where an iteration's time goes (ms per iteration, inside the iteration slices):
+    compute, each kind of wait, and the rest, the training thread outside layers and waits (the
+    solver's and schedule's own work, and whatever kept the thread from running)."""
+    rows = []
+    for rank, events in _by_rank(trace).items():
+        count = sum(1 for e in events if e["cat"] == "iteration")
+        if not count:
+            continue
+        iterations = _union(_spans(events, ("iteration",)))
+        total = sum(e - s for s, e in iterations)
+        compute = _inside(_compute_time(events), iterations)
+        waits = {what: _inside(_union([(e["ts"], e["ts"] + e["dur"]) for e in events
+                                       if e["cat"] == "wait" and e["args"]["waits_for"] == what]), iterations)
+                 for what in WAITS}
+        waited = _inside(_union(_spans(events, ("wait",))), iterations)
+        rows.append({"rank": rank, "iterations": count, "iteration_ms": total / count / 1e3,
+                     "compute_ms": compute / count / 1e3,
+                     "wait_ms": {what: t / count / 1e3 for what, t in waits.items()},
+                     "other_ms": (total - compute - waited) / count / 1e3})
+    return rows
+
+
 def gradient_overlap(trace):
     """For each rank and each gradient collective (same op, same layers): how many ran, their mean
     time in flight and hidden (microseconds), and the mean overlap with each layer's backward."""
@@ -374,9 +406,17 @@ def gradient_overlap(trace):
 
 
 def report(trace):
-    """The summary line and, per gradient collective, the backward it overlapped: printable lines."""
+    """The summary line, where each rank's iterations spend their time, and per gradient collective
+    the backward it overlapped: printable lines."""
     lines = [describe(summarize(trace)), "",
-             "# rank  calls  in flight ms  hidden      bytes  gradient collective: backward it overlapped (ms per call)"]
+             "# rank  iterations  iteration ms  compute ms" + "".join(f"  wait {what} ms" for what in WAITS)
+             + "  other ms"]
+    for row in iteration_breakdown(trace):
+        lines.append(f"{row['rank']:>6}{row['iterations']:>12}{row['iteration_ms']:>14.3f}{row['compute_ms']:>12.3f}"
+                     + "".join(f"{row['wait_ms'][what]:>{len(what) + 10}.3f}" for what in WAITS)
+                     + f"{row['other_ms']:>10.3f}")
+    lines += ["",
+              "# rank  calls  in flight ms  hidden      bytes  gradient collective: backward it overlapped (ms per call)"]
     for row in gradient_overlap(trace):
         overlapped = ", ".join(f"{layer} {t / 1e3:.3f}" for layer, t in row["backward_us"].items()) or "-"
         lines.append(f"{row['rank']:>6}{row['count']:>7}{row['flight_us'] / 1e3:>14.3f}"

@@ -55,7 +55,7 @@ def _track_names(trace, pid=0):
             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid}
 
 
-def test_one_process_trace_has_every_layer_update_and_data_wait(mnist, tmp_path):
+def test_one_process_trace_has_every_layer_update_and_data_wait(mnist, tmp_path, capsys):
     log = _train(tmp_path, 1, f"--timeline={tmp_path / 't.json'}")
     assert f"Timeline written to {tmp_path / 't.json'}; no communication recorded" in log
     trace = json.loads((tmp_path / "t.json").read_text())
@@ -77,6 +77,9 @@ def test_one_process_trace_has_every_layer_update_and_data_wait(mnist, tmp_path)
     for it in (e for e in events if e["cat"] == "iteration"):
         inside = [e for e in compute if it["ts"] <= e["ts"] and e["ts"] + e["dur"] <= it["ts"] + it["dur"] + 1e-3]
         assert len(inside) == 2 * len(LENET_TRAIN) - 1 + 1
+    assert timeline.main([str(tmp_path / "t.json")]) == 0
+    breakdown = capsys.readouterr().out.splitlines()[2:4]
+    assert breakdown[0].startswith("# rank  iterations  iteration ms") and breakdown[1].split()[:2] == ["0", "3"]
     for wait in waits:
         assert any(f["name"] == "mnist" and f["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= f["ts"] + f["dur"] + 1e-3
                    for f in events if f["cat"] == "forward")
@@ -111,9 +114,10 @@ def test_hidden_fraction_and_report_on_a_known_trace():
                 "args": args}
     compute, lane, data = timeline.COMPUTE_TRACK, timeline.COLLECTIVES, timeline.DATA
     trace = {"traceEvents": [
-        x("data", "forward", compute, 0, 10, layer=0), x("wait data", "wait", data, 1, 2),
+        x("iteration 0", "iteration", timeline.ITERATIONS, 0, 50),
+        x("data", "forward", compute, 0, 10, layer=0), x("wait data", "wait", data, 1, 2, waits_for="data"),
         x("fc2", "backward", compute, 20, 30, layer=2), x("fc1", "backward", compute, 30, 40, layer=1),
-        x("update", "update", compute, 40, 45), x("wait gradients", "wait", compute, 45, 50),
+        x("update", "update", compute, 40, 45), x("wait gradients", "wait", compute, 45, 50, waits_for="gradients"),
         x("Bcast fc1", "collective", lane, 0.5, 1.5, bytes=4, carries="parameters", layers=["fc1"]),
         x("Bcast fc2", "collective", lane, 5, 8, bytes=4, carries="parameters", layers=["fc2"]),
         x("Ireduce fc2", "collective", lane, 30, 48, bytes=8, carries="gradients", layers=["fc2"])]}
@@ -124,6 +128,10 @@ def test_hidden_fraction_and_report_on_a_known_trace():
     assert summary["ranks"][0]["compute_us"] == 9 + 20 + 5
     assert timeline.describe(summary) == ("communication 0.0 ms over all ranks, 84.1% hidden behind compute "
                                           "(rank 0 84.1%)")
+    # The iteration's 50: 34 of compute, 1 + 5 of waits, and the 10 between forward and backward.
+    assert timeline.iteration_breakdown(trace) == [
+        {"rank": 0, "iterations": 1, "iteration_ms": 0.05, "compute_ms": 0.034,
+         "wait_ms": {"data": 0.001, "parameters": 0.0, "gradients": 0.005}, "other_ms": 0.01}]
     [row] = timeline.gradient_overlap(trace)
     assert row["collective"] == "Ireduce fc2" and row["count"] == 1
     assert row["flight_us"] == 18 and row["hidden_us"] == 15 and row["backward_us"] == {"fc1": 10}
