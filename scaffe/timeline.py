@@ -17,8 +17,10 @@ in time, not free. On a GPU each timed layer waits for its stream, so that its s
 time, not their launch: recording takes away the overlap of host and device within the compute.
 
 Collectives are labelled with what they carry: a Reduce/Allreduce (blocking or not) with the
-gradients that became ready, in the order they became ready, as many as its bytes cover (one blob
-for the scaffe schedule, a bucket for allreduce); a Bcast with the parameters in forward order.
+gradients of its iteration that became ready after those already sent, as many as fit in its bytes
+(one blob for the scaffe schedule, a bucket for allreduce); a Bcast with the next parameter in
+forward order when it has that one's size. The schedules' small messages of stop/snapshot flags
+stay unlabelled.
 `python -m scaffe.timeline FILE.json` prints the summary, where each rank's iterations spend their
 time, and, for each gradient collective, the layers whose backward ran while it was in flight.
 
@@ -77,9 +79,9 @@ class Timeline:
         self._waits = []         # (what, layer, start, end)
         self._updates = []       # (start, end)
         self._iterations = []    # (iteration, start, end)
-        self._ops = {}           # op id -> (name, nbytes, start) while in flight
-        self._collectives = []   # (name, nbytes, start, end)
-        self._ready = []         # (layer index, nbytes) of each gradient completed in a last pass
+        self._ops = {}           # op id -> (name, nbytes, start, iteration ordinal) while in flight
+        self._collectives = []   # (name, nbytes, start, iteration ordinal, end)
+        self._ready = []         # (iteration ordinal, layer index, nbytes) of each gradient, in a last pass
         self._pass = 0
         self._iteration_start = self._update_start = None
 
@@ -116,7 +118,7 @@ class Timeline:
         # Gradients are communicated in the last of the solver's iter_size passes only.
         if self._pass == self.solver.param.iter_size - 1:
             for pid in self.net.grads_ready_at(layer_id):
-                self._ready.append((layer_id, self.net.learnable_params[pid].diff.nbytes))
+                self._ready.append((len(self._iterations), layer_id, self.net.learnable_params[pid].diff.nbytes))
         if layer_id == 0:
             self._pass += 1
 
@@ -141,7 +143,8 @@ class Timeline:
 
     # collectives.events listener: may run on the collectives' helper thread
     def started(self, op_id, name, nbytes, t):
-        self._ops[op_id] = (name, nbytes, t)
+        # Iterations are appended after their update, so the count is the ordinal of the one running.
+        self._ops[op_id] = (name, nbytes, t, len(self._iterations))
 
     def finished(self, op_id, t):
         op = self._ops.pop(op_id, None)
@@ -181,7 +184,8 @@ class Timeline:
             if lane == len(lanes):
                 lanes.append(end)
             lanes[lane] = end
-            title = f"{name} {', '.join(names[i] for i in layers)}" if layers else name
+            # str(): the communicator's names carry attributes that would not survive the gather.
+            title = f"{name} {', '.join(names[i] for i in layers)}" if layers else str(name)
             args = {"bytes": nbytes}
             if carries:
                 args.update(carries=carries, layers=[names[i] for i in layers])
@@ -198,21 +202,29 @@ class Timeline:
         """(name, nbytes, start, end, carries, layer indices) in start order; see the module docstring."""
         in_forward_order = [(layer_id, self.net.learnable_params[pid].data.nbytes)
                             for layer_id in range(len(self.net.layers)) for pid in self.net.params_needed_at(layer_id)]
-        next_ready, next_param = 0, 0
+        ready = {}  # iteration ordinal -> [(layer index, nbytes)] in the order backward completed them
+        for ordinal, layer_id, nbytes in self._ready:
+            ready.setdefault(ordinal, []).append((layer_id, nbytes))
+        taken = dict.fromkeys(ready, 0)
+        next_param = 0
         out = []
-        for name, nbytes, start, end in sorted(self._collectives, key=lambda op: op[2]):
+        for name, nbytes, start, ordinal, end in sorted(self._collectives, key=lambda op: op[2]):
             carries, layers = None, []
-            if name in REDUCING:
-                found = _match_run(self._ready, next_ready, nbytes, len(in_forward_order))
-                if found is not None:
-                    carries, layers = "gradients", _unique(i for i, _ in self._ready[next_ready:found])
-                    next_ready = found
-            elif name in BROADCASTING and in_forward_order:
-                cycle = in_forward_order[next_param:] + in_forward_order[:next_param]
-                hit = next((k for k, (_, size) in enumerate(cycle) if size == nbytes), None)
-                if hit is not None:
-                    carries, layers = "parameters", [cycle[hit][0]]
-                    next_param = (next_param + hit + 1) % len(in_forward_order)
+            if name in REDUCING and ordinal in ready:
+                # As many of the iteration's next gradients as fit: a bucket may carry a few bytes
+                # more (the ranks' stop/snapshot flags), a message smaller than the next gradient none.
+                gradients, first, total = ready[ordinal], taken[ordinal], 0
+                last = first
+                while last < len(gradients) and total + gradients[last][1] <= nbytes:
+                    total += gradients[last][1]
+                    last += 1
+                if last > first:
+                    carries, layers = "gradients", _unique(i for i, _ in gradients[first:last])
+                    taken[ordinal] = last
+            elif name in BROADCASTING and in_forward_order and in_forward_order[next_param][1] == nbytes:
+                # Parameters go out in forward order, every time all of them; anything else is not labelled.
+                carries, layers = "parameters", [in_forward_order[next_param][0]]
+                next_param = (next_param + 1) % len(in_forward_order)
             out.append((name, nbytes, start, end, carries, layers))
         return out
 
@@ -232,20 +244,6 @@ class Timeline:
             return
         save(trace, path)
         log.info("Timeline written to %s; %s", path, describe(summarize(trace)))
-
-
-def _match_run(ready, first, nbytes, lookahead):
-    """End index of the run of `ready` gradients, starting at `first` or up to `lookahead` entries
-    later (past gradients nothing sent), whose bytes add up to `nbytes`; None when none does."""
-    for begin in range(first, min(first + lookahead + 1, len(ready))):
-        total = 0
-        for end in range(begin, len(ready)):
-            total += ready[end][1]
-            if total >= nbytes:
-                break
-        if total == nbytes:
-            return end + 1
-    return None
 
 
 def _unique(items):

@@ -1,12 +1,13 @@
 """The no-overlap baseline: mpi4py's own Allreduce of every gradient after the whole backward.
 
 What a data-parallel Caffe without co-design does, to measure the other schedules against: all
-ranks start equal (the root's parameters are broadcast once, at the first iteration), backward runs
-to the end with no communication, then each gradient is summed by a plain `MPI.Intracomm.Allreduce`
-(MPI's own algorithm, not scaffe's collectives), one blob after the other in the order backward
-completed them (the scaffe schedule's messages, without the overlap), and every rank applies the
-same update. The calls are reported to `collectives.events`, so the timeline and the stall
-inspector see them like the others.
+ranks start equal (the root's parameters are broadcast once, before the first iteration or test),
+backward runs to the end with no communication, then each gradient is summed by a plain
+`MPI.Intracomm.Allreduce` (MPI's own algorithm, not scaffe's collectives), one blob after the other
+in the order backward completed them (the scaffe schedule's messages, without the overlap), and
+every rank applies the same update. The ranks' stop/snapshot requests follow in one more small
+Allreduce. The calls are reported to `collectives.events`, so the timeline and the stall inspector
+see them like the others.
 """
 import numpy
 from mpi4py import MPI
@@ -14,6 +15,7 @@ from mpi4py import MPI
 from collectives import events
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
+from scaffe.solvers.signals import requests_from_flags
 
 
 class NativeSchedule(Schedule):
@@ -26,11 +28,21 @@ class NativeSchedule(Schedule):
     def on_start(self):
         self.passes = 0
         self._ready = []
+        self._sync_once()
+
+    def on_test_start(self):
+        self._sync_once()  # a test before the first iteration needs the root's parameters too
+
+    def _sync_once(self):
         if not self._synced:
-            for blob in self.params:
-                data = self.buffer(blob.data)
-                events.reported("Bcast", data.nbytes, self.native.Bcast, data, self.root)
+            self.broadcast_parameters()
             self._synced = True
+
+    def broadcast_parameters(self):
+        """Every rank takes the root's parameters, by MPI's own Bcast."""
+        for blob in self.params:
+            data = self.buffer(blob.data)
+            events.reported("Bcast", data.nbytes, self.native.Bcast, data, self.root)
 
     def grads_ready(self, layer_id):
         """Nothing moves during backward (the point of this baseline); the order is kept."""
@@ -38,10 +50,13 @@ class NativeSchedule(Schedule):
             self._ready.extend(self.net.grads_ready_at(layer_id))
 
     def on_gradients_ready(self):
+        flags = numpy.array(self.local_flags(), numpy.int32)  # the ranks' stop/snapshot requests, summed last
         with timeline.waiting("gradients"):
             for pid in self._ready:
                 diff = self.buffer(self.params[pid].diff)
                 events.reported("Allreduce", diff.nbytes, self.native.Allreduce, MPI.IN_PLACE, diff, MPI.SUM)
+            events.reported("Allreduce", flags.nbytes, self.native.Allreduce, MPI.IN_PLACE, flags, MPI.SUM)
+        self.agreed = requests_from_flags(flags)
         scale = numpy.float32(1.0 / self.size)
         for blob in self.params:
             blob.diff *= scale

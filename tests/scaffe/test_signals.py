@@ -35,6 +35,7 @@ def usual_mode():
 
 @pytest.mark.parametrize("schedule,rank,when", [("scaffe", 1, r"\] Iteration 3 \("),
                                                 ("allreduce", 1, r"\] Iteration 3 \("),
+                                                ("native", 1, r"\] Iteration 3 \("),
                                                 ("scaffe", 0, r"\] Iteration 10, Testing net")])
 def test_sigint_to_one_rank_stops_every_rank_after_one_snapshot(tmp_path, schedule, rank, when):
     """To a non-root rank while training, or to the root while the ranks test: the ranks stop together
