@@ -21,6 +21,7 @@ gradients of its iteration that became ready after those already sent, as many a
 (one blob for the scaffe schedule, a bucket for allreduce); a Bcast with the next parameter in
 forward order when it has that one's size. The schedules' small messages of stop/snapshot flags
 stay unlabelled.
+
 `python -m scaffe.timeline FILE.json` prints the summary, where each rank's iterations spend their
 time, and, for each gradient collective, the layers whose backward ran while it was in flight.
 
