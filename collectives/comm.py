@@ -16,7 +16,7 @@ from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging
 from collectives.errors import CollectiveError, MismatchError
-from collectives.events import Name, finished, reported, started
+from collectives.events import Name, finished, reported, started, with_label
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
@@ -410,7 +410,7 @@ class Comm(MPI.Intracomm):
         """Run blocking call `method`: ours, or else `native(self, *args)`, the wrapped MPI's with the user's
         arguments."""
         work = self._offload(call, stream)
-        event_name = self._event_names[method]
+        event_name = with_label(self._event_names[method])
         if work is None:
             reported(event_name, _nbytes(call, args), native, self, *args)
         elif work is _NATIVE_ON_HOST:
@@ -433,7 +433,7 @@ class Comm(MPI.Intracomm):
         """Start nonblocking call `method`: ours, or else `native(self, *args)`, the wrapped MPI's with the
         user's arguments; the request returned completes when the progress thread has seen it done."""
         work = self._offload(call, stream)
-        event_name = self._event_names[method]
+        event_name = with_label(self._event_names[method])
         if work is None:
             return self.progress.follow(native(self, *args), event_name, _nbytes(call, args))
         if work is not _NATIVE_ON_HOST:

@@ -4,11 +4,14 @@ The communicator reports each overridden call (blocking or not) when it starts r
 and when it has completed; the stall inspector and the training timeline listen. Listeners run on
 the thread that runs the operation, so they must be quick and must not call MPI.
 """
+import contextlib
 import itertools
+import threading
 import time
 
 _listeners = []
 _ids = itertools.count(1)
+_context = threading.local()  # .label: what the collectives this thread starts now carry
 
 
 class Name(str):
@@ -17,12 +20,35 @@ class Name(str):
     `comm` is the index of that `collectives.Comm`'s set-up in this process. Communicators are set up
     collectively, in the same order on every rank, so the index names the same communicator on all its
     ranks; the stall inspector matches operations across ranks by (comm, name, how many came before).
+    `label` is what the caller said the operation carries (see `labelled`), else None.
     """
 
-    def __new__(cls, text, comm):
+    label = None
+
+    def __new__(cls, text, comm, label=None):
         name = super().__new__(cls, text)
         name.comm = comm
+        if label is not None:
+            name.label = label
         return name
+
+
+@contextlib.contextmanager
+def labelled(label):
+    """Collectives this thread starts inside the block carry `label` to the listeners (`name.label`), for
+    example what a trainer sends in them; a nonblocking one keeps it when it runs on another thread."""
+    previous = getattr(_context, "label", None)
+    _context.label = label
+    try:
+        yield
+    finally:
+        _context.label = previous
+
+
+def with_label(name):
+    """`name` (a str or a Name) carrying this thread's current label, if there is one."""
+    label = getattr(_context, "label", None)
+    return name if label is None else Name(name, getattr(name, "comm", None), label)
 
 
 def add_listener(listener):

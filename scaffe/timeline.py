@@ -16,11 +16,9 @@ On a CPU the collectives' helper thread shares the cores with compute, so "hidde
 in time, not free. On a GPU each timed layer waits for its stream, so that its slice is its kernels'
 time, not their launch: recording takes away the overlap of host and device within the compute.
 
-Collectives are labelled with what they carry: a Reduce/Allreduce (blocking or not) with the
-gradients of its iteration that became ready after those already sent, as many as fit in its bytes
-(one blob for the scaffe schedule, a bucket for allreduce); a Bcast with the next parameter in
-forward order when it has that one's size. The schedules' small messages of stop/snapshot flags
-stay unlabelled.
+Collectives are named with what they carry, as the schedules label them when they start them
+(`collectives.events.labelled`): the gradients or parameters of which layers. The schedules' small
+messages of stop/snapshot flags carry no label.
 
 `python -m scaffe.timeline FILE.json` prints the summary, where each rank's iterations spend their
 time, and, for each gradient collective, the layers whose backward ran while it was in flight.
@@ -80,10 +78,8 @@ class Timeline:
         self._waits = []         # (what, layer, start, end)
         self._updates = []       # (start, end)
         self._iterations = []    # (iteration, start, end)
-        self._ops = {}           # op id -> (name, nbytes, start, iteration ordinal) while in flight
-        self._collectives = []   # (name, nbytes, start, iteration ordinal, end)
-        self._ready = []         # (iteration ordinal, layer index, nbytes) of each gradient, in a last pass
-        self._pass = 0
+        self._ops = {}           # op id -> (name, nbytes, start) while in flight
+        self._collectives = []   # (name, nbytes, start, end)
         self._iteration_start = self._update_start = None
 
     # ------------------------------------------------------------ recording
@@ -94,7 +90,7 @@ class Timeline:
             raise RuntimeError("a timeline is already recording in this process")
         self.comm.Barrier()  # every rank's time 0 is the same instant, give or take the Barrier's exit
         self.origin = time.perf_counter()
-        self.net.add_hooks(on_grads_ready=self._grads_ready, on_layer_timed=self._layer_timed)
+        self.net.add_hooks(on_layer_timed=self._layer_timed)
         self.solver.callbacks.append(self)
         self.solver.listeners.append(self)
         events.add_listener(self)
@@ -106,8 +102,7 @@ class Timeline:
         if recording is self:
             recording = None
         events.remove_listener(self)
-        for hooks, hook in ((self.net.grads_ready_hooks, self._grads_ready),
-                            (self.net.layer_timed_hooks, self._layer_timed),
+        for hooks, hook in ((self.net.layer_timed_hooks, self._layer_timed),
                             (self.solver.callbacks, self), (self.solver.listeners, self)):
             if hook in hooks:
                 hooks.remove(hook)
@@ -115,20 +110,11 @@ class Timeline:
     def _layer_timed(self, layer_id, phase, start, end):
         self._layers.append((layer_id, phase, start, end))
 
-    def _grads_ready(self, layer_id):
-        # Gradients are communicated in the last of the solver's iter_size passes only.
-        if self._pass == self.solver.param.iter_size - 1:
-            for pid in self.net.grads_ready_at(layer_id):
-                self._ready.append((len(self._iterations), layer_id, self.net.learnable_params[pid].diff.nbytes))
-        if layer_id == 0:
-            self._pass += 1
-
     def add_wait(self, what, layer, start, end):
         self._waits.append((what, layer, start, end))
 
     # solver callbacks and listener: the schedule's callbacks run first, so the update starts here
     def on_start(self):
-        self._pass = 0
         self._iteration_start = time.perf_counter()
 
     def on_gradients_ready(self):
@@ -144,8 +130,7 @@ class Timeline:
 
     # collectives.events listener: may run on the collectives' helper thread
     def started(self, op_id, name, nbytes, t):
-        # Iterations are appended after their update, so the count is the ordinal of the one running.
-        self._ops[op_id] = (name, nbytes, t, len(self._iterations))
+        self._ops[op_id] = (name, nbytes, t)
 
     def finished(self, op_id, t):
         op = self._ops.pop(op_id, None)
@@ -180,7 +165,8 @@ class Timeline:
             label = f"wait {what}" + (f" ({name})" if name else "")
             out.append(complete(label, "wait", DATA if what == "data" else COMPUTE_TRACK, start, end, waits_for=what))
         lanes = []  # end time of the last collective in each lane
-        for name, nbytes, start, end, carries, layers in self._labelled_collectives():
+        for name, nbytes, start, end in sorted(self._collectives, key=lambda op: op[2]):
+            carries, layers = name.label if getattr(name, "label", None) else (None, ())
             lane = next((k for k, busy_until in enumerate(lanes) if busy_until <= start), len(lanes))
             if lane == len(lanes):
                 lanes.append(end)
@@ -199,36 +185,6 @@ class Timeline:
             out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
         return out
 
-    def _labelled_collectives(self):
-        """(name, nbytes, start, end, carries, layer indices) in start order; see the module docstring."""
-        in_forward_order = [(layer_id, self.net.learnable_params[pid].data.nbytes)
-                            for layer_id in range(len(self.net.layers)) for pid in self.net.params_needed_at(layer_id)]
-        ready = {}  # iteration ordinal -> [(layer index, nbytes)] in the order backward completed them
-        for ordinal, layer_id, nbytes in self._ready:
-            ready.setdefault(ordinal, []).append((layer_id, nbytes))
-        taken = dict.fromkeys(ready, 0)
-        next_param = 0
-        out = []
-        for name, nbytes, start, ordinal, end in sorted(self._collectives, key=lambda op: op[2]):
-            carries, layers = None, []
-            if name in REDUCING and ordinal in ready:
-                # As many of the iteration's next gradients as fit: a bucket may carry a few bytes
-                # more (the ranks' stop/snapshot flags), a message smaller than the next gradient none.
-                gradients, first, total = ready[ordinal], taken[ordinal], 0
-                last = first
-                while last < len(gradients) and total + gradients[last][1] <= nbytes:
-                    total += gradients[last][1]
-                    last += 1
-                if last > first:
-                    carries, layers = "gradients", _unique(i for i, _ in gradients[first:last])
-                    taken[ordinal] = last
-            elif name in BROADCASTING and in_forward_order and in_forward_order[next_param][1] == nbytes:
-                # Parameters go out in forward order, every time all of them; anything else is not labelled.
-                carries, layers = "parameters", [in_forward_order[next_param][0]]
-                next_param = (next_param + 1) % len(in_forward_order)
-            out.append((name, nbytes, start, end, carries, layers))
-        return out
-
     def gather(self):
         """Stops recording and gathers every rank's events into one trace at the root (None on the
         others). Collective: every rank calls it."""
@@ -245,10 +201,6 @@ class Timeline:
             return
         save(trace, path)
         log.info("Timeline written to %s; %s", path, describe(summarize(trace)))
-
-
-def _unique(items):
-    return list(dict.fromkeys(items))
 
 
 # ---------------------------------------------------------------- analysis of a trace

@@ -12,6 +12,8 @@ summed flags (exact in any float type) tell every rank, after the same Waitall, 
 import numpy
 from mpi4py import MPI
 
+from collectives import events
+
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
 
@@ -26,13 +28,14 @@ class AllreduceSchedule(Schedule):
         self._buckets = []       # [(flat buffer, [(pid, start, stop)], request)]
         self._pending = []       # pids waiting to be packed into the next bucket
         self._pending_bytes = 0
+        self._pending_layers = []  # the layers whose backward gave them (what the timeline shows)
         self._storage = {}       # bucket index -> flat buffer, grown once and reused
         self._flags = None       # the final bucket's request flags, once launched
 
     def on_start(self):
         self.passes = 0
         self._buckets = []
-        self._pending, self._pending_bytes = [], 0
+        self._pending, self._pending_bytes, self._pending_layers = [], 0, []
         self._flags = None
         self._sync_once()
 
@@ -50,6 +53,7 @@ class AllreduceSchedule(Schedule):
         for pid in self.net.grads_ready_at(layer_id):
             self._pending.append(pid)
             self._pending_bytes += self.params[pid].diff.nbytes
+            self._pending_layers.append(layer_id)
         final = layer_id == self.final_grads_layer
         if self._pending_bytes >= self.bucket_bytes or final:
             self._launch(final)
@@ -67,9 +71,10 @@ class AllreduceSchedule(Schedule):
         if final:
             self._flags = flat[count:]
             self._flags[:] = self.local_flags()
-        request = self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        with events.labelled(("gradients", tuple(dict.fromkeys(self._pending_layers))) if self._pending else None):
+            request = self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
         self._buckets.append((flat, layout, request))
-        self._pending, self._pending_bytes = [], 0
+        self._pending, self._pending_bytes, self._pending_layers = [], 0, []
 
     def _bucket_buffer(self, index, count, dtype):
         buf = self._storage.get(index)

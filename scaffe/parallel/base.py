@@ -2,6 +2,7 @@
 and the ranks' agreement on stop/snapshot requests."""
 from mpi4py import MPI
 
+from collectives import events
 from scaffe import timeline
 from scaffe.solvers.signals import EFFECTS, request_flags
 
@@ -52,10 +53,17 @@ class Schedule:
         """The requests every rank acts on at the end of this iteration: the same set on all ranks."""
         return self.agreed
 
+    def parameters_by_layer(self):
+        """(layer index, flat data) of every learnable blob, in the forward order of their first use."""
+        for layer_id in range(len(self.net.layers)):
+            for pid in self.net.params_needed_at(layer_id):
+                yield layer_id, self.buffer(self.params[pid].data)
+
     def broadcast_parameters(self):
         """Every rank takes the root's parameters (blocking)."""
-        for blob in self.params:
-            self.comm.Bcast(self.buffer(blob.data), root=self.root)
+        for layer_id, data in self.parameters_by_layer():
+            with events.labelled(("parameters", (layer_id,))):
+                self.comm.Bcast(data, root=self.root)
 
     @staticmethod
     def wait_all(requests, what, layer_id=None):

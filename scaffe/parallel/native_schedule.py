@@ -23,7 +23,7 @@ class NativeSchedule(Schedule):
         super().__init__(solver, comm)
         self.native = MPI.Intracomm(comm)  # the same communicator, with mpi4py's methods
         self._synced = False
-        self._ready = []  # learnable ids in the order backward completed their gradients
+        self._ready = []  # (learnable id, layer index) in the order backward completed their gradients
 
     def on_start(self):
         self.passes = 0
@@ -40,21 +40,23 @@ class NativeSchedule(Schedule):
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters, by MPI's own Bcast."""
-        for blob in self.params:
-            data = self.buffer(blob.data)
-            events.reported("Bcast", data.nbytes, self.native.Bcast, data, self.root)
+        for layer_id, data in self.parameters_by_layer():
+            with events.labelled(("parameters", (layer_id,))):
+                events.reported(events.with_label("Bcast"), data.nbytes, self.native.Bcast, data, self.root)
 
     def grads_ready(self, layer_id):
         """Nothing moves during backward (the point of this baseline); the order is kept."""
         if self.last_pass():
-            self._ready.extend(self.net.grads_ready_at(layer_id))
+            self._ready.extend((pid, layer_id) for pid in self.net.grads_ready_at(layer_id))
 
     def on_gradients_ready(self):
         flags = numpy.array(self.local_flags(), numpy.int32)  # the ranks' stop/snapshot requests, summed last
         with timeline.waiting("gradients"):
-            for pid in self._ready:
+            for pid, layer_id in self._ready:
                 diff = self.buffer(self.params[pid].diff)
-                events.reported("Allreduce", diff.nbytes, self.native.Allreduce, MPI.IN_PLACE, diff, MPI.SUM)
+                with events.labelled(("gradients", (layer_id,))):
+                    events.reported(events.with_label("Allreduce"), diff.nbytes, self.native.Allreduce,
+                                    MPI.IN_PLACE, diff, MPI.SUM)
             events.reported("Allreduce", flags.nbytes, self.native.Allreduce, MPI.IN_PLACE, flags, MPI.SUM)
         self.agreed = requests_from_flags(flags)
         scale = numpy.float32(1.0 / self.size)

@@ -20,6 +20,8 @@ the end of that iteration, so all ranks stop after the same update, with nothing
 import numpy
 from mpi4py import MPI
 
+from collectives import events
+
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
 
@@ -41,8 +43,9 @@ class SCaffeSchedule(Schedule):
         self._bcasts = {}
         self._announce_requests()
         for layer_id in range(len(self.net.layers)):
-            for pid in self.net.params_needed_at(layer_id):
-                self._bcasts[pid] = self.comm.Ibcast(self.buffer(self.params[pid].data), root=self.root)
+            with events.labelled(("parameters", (layer_id,))):
+                for pid in self.net.params_needed_at(layer_id):
+                    self._bcasts[pid] = self.comm.Ibcast(self.buffer(self.params[pid].data), root=self.root)
 
     def param_needed(self, layer_id):
         requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
@@ -51,12 +54,13 @@ class SCaffeSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
-        for pid in self.net.grads_ready_at(layer_id):
-            diff = self.buffer(self.params[pid].diff)
-            if self.rank == self.root:
-                self._reduces.append(self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root))
-            else:
-                self._reduces.append(self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root))
+        with events.labelled(("gradients", (layer_id,))):
+            for pid in self.net.grads_ready_at(layer_id):
+                diff = self.buffer(self.params[pid].diff)
+                if self.rank == self.root:
+                    self._reduces.append(self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root))
+                else:
+                    self._reduces.append(self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root))
         if layer_id == self.final_grads_layer:
             self._gather_requests()
 
