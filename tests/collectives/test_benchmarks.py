@@ -49,3 +49,12 @@ def test_allreduce_stages_times_every_stage():
 def test_allreduce_stages_needs_several_nodes():
     done = run_stages(2, 2)
     assert done.returncode != 0 and "needs several nodes of one size" in done.stderr
+
+
+def test_link_rate_reports_the_exchange_and_the_rate():
+    done = run_benchmark(2, "link_rate", "-m", "1048576", "-i", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    header, rate = done.stdout.splitlines()
+    assert header.startswith("# 1048576 bytes each way between ranks 0 and 1") and "2 exchanges" in header
+    mb_per_s, gbit = float(rate.split()[0]), float(rate.split()[-2])
+    assert mb_per_s > 0 and abs(gbit - mb_per_s * 8 / 1000) < 0.01 * gbit + 0.002
