@@ -68,6 +68,9 @@ class Schedule:
     @staticmethod
     def wait_all(requests, what, layer_id=None):
         """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""
+        # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a
+        # null request and a generalized one still in progress.
+        requests = [request for request in requests if request]
         if not requests:
             return
         with timeline.waiting(what, layer_id):

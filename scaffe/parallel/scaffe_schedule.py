@@ -1,16 +1,22 @@
-"""S-Caffe's schedule: parameters flow from the root layer by layer, gradients flow back layer by layer.
+"""S-Caffe's schedule: gradients flow to the root layer by layer, new parameters flow back layer by layer.
 
 Per iteration:
-- on_start: the root's parameters are broadcast with one nonblocking Ibcast per layer, all started
-  up front in forward order; layer i's forward waits only for layer i's parameters.
 - backward: as soon as layer i's gradients are complete, their Ireduce to the root starts, while
-  layer i-1 computes its backward (the collectives run on their own progress thread).
-- on_gradients_ready: wait for the reduces; the root averages (sum / P) and applies Caffe's update;
-  the other ranks skip the update, since the next broadcast overwrites their parameters.
+  layer i-1 computes its backward (the collectives run on their own progress thread). The root
+  applies Caffe's update to layer i as soon as its reduce has arrived (sum / P, then the solver's
+  per-blob pipeline) and broadcasts layer i's new parameters at once, on a second communicator, so
+  that the broadcast moves the other way on the links while the reduces of the layers below go on.
+  The other ranks post the matching Ibcast right after their Ireduce of layer i.
+- on_gradients_ready: the root updates and broadcasts what is left; every rank waits for its
+  reduces and broadcasts, so each iteration ends with the same parameters everywhere.
+- The first iteration's parameters come from the root by one Ibcast per layer in forward order,
+  and layer i's forward waits only for layer i's.
 
-With P ranks of batch B this computes exactly the step of one rank with batch P*B on the same
-samples: each rank's loss is normalised by its own B, so the mean of the P gradients is the
-gradient of the P*B batch.
+A solver that clips gradients (`clip_gradients`) needs their global norm: the root then updates
+every layer once all reduces are in, and broadcasts after it. Either way each blob sees exactly the
+operations of the single-process update, so with P ranks of batch B this computes the step of one
+rank with batch P*B on the same samples: each rank's loss is normalised by its own B, so the mean of
+the P gradients is the gradient of the P*B batch.
 
 Stop/snapshot requests: each rank's flags go to the root in a tiny Ireduce started with the last
 layer's gradient reduce; the root passes their sum on in a tiny Ibcast started first in the next
@@ -21,31 +27,40 @@ import numpy
 from mpi4py import MPI
 
 from collectives import events
-
+from scaffe.log import fmt, get_logger
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
+
+log = get_logger("scaffe.solvers.solver")  # the update's lines, as the solver logs them
 
 
 class SCaffeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
-        self._bcasts = {}   # learnable id -> request
-        self._reduces = []
+        self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
+        self._per_layer = solver.param.clip_gradients < 0  # clipping needs every gradient first
+        self._bcasts = {}      # learnable id -> request, for the first forward only
+        self._propagating = []  # this iteration's parameter broadcasts
+        self._reduces = []     # (learnable id, layer index, request) of this iteration's gradient reduces
+        self._updated = 0      # how many of them the root has updated and broadcast
+        self._synced = False
+        self._rate = None
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
-        self._announce = None
-        if self.rank != self.root:
-            solver.apply_update = self._follow_update
+        self._announce = self._flags_reduce = None
+        solver.apply_update = self._finish_update
 
     def on_start(self):
         self.passes = 0
-        self._reduces = []
-        self._bcasts = {}
+        self._reduces, self._updated, self._propagating = [], 0, []
         self._announce_requests()
+        if self._synced:
+            return
         for layer_id in range(len(self.net.layers)):
             with events.labelled(("parameters", (layer_id,))):
                 for pid in self.net.params_needed_at(layer_id):
-                    self._bcasts[pid] = self.comm.Ibcast(self.buffer(self.params[pid].data), root=self.root)
+                    self._bcasts[pid] = self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root)
+        self._synced = True
 
     def param_needed(self, layer_id):
         requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
@@ -54,30 +69,89 @@ class SCaffeSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
+        pids = self.net.grads_ready_at(layer_id)
         with events.labelled(("gradients", (layer_id,))):
-            for pid in self.net.grads_ready_at(layer_id):
+            for pid in pids:
                 diff = self.buffer(self.params[pid].diff)
                 if self.rank == self.root:
-                    self._reduces.append(self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root))
+                    request = self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)
                 else:
-                    self._reduces.append(self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root))
+                    request = self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)
+                self._reduces.append((pid, layer_id, request))
+        if self.rank != self.root:
+            self._propagate(layer_id, pids)
+        elif self._per_layer:
+            self._update_arrived(wait=False)
         if layer_id == self.final_grads_layer:
             self._gather_requests()
 
     def on_test_start(self):
-        self.broadcast_parameters()  # the others skipped the root's last update
+        if not self._synced:  # a test before the first iteration needs the root's parameters
+            self.broadcast_parameters()
+            self._synced = True
 
     def on_gradients_ready(self):
         if self.final_grads_layer is None:  # a net without gradients still agrees on requests
             self._gather_requests()
         self.wait_all(list(self._bcasts.values()), "parameters")  # parameters no forward asked for
-        self.wait_all(self._reduces + [self._announce], "gradients")
-        self._reduces = []
-        self.agreed = requests_from_flags(self._flags_down)
+        self._bcasts = {}
         if self.rank == self.root:
-            scale = numpy.float32(1.0 / self.size)
-            for blob in self.params:
-                blob.diff *= scale
+            if not self._per_layer:
+                self.wait_all([request for _, _, request in self._reduces], "gradients")
+                self._average([pid for pid, _, _ in self._reduces])
+                self._begin_update()
+                self.solver.clip_gradients()
+            self._update_arrived(wait=True)
+        self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
+                      "gradients")
+        self.wait_all(self._propagating, "parameters")
+        self.agreed = requests_from_flags(self._flags_down)
+
+    # ------------------------------------------------------------ the root's update, blob by blob
+
+    def _update_arrived(self, wait):
+        """Update and broadcast, in reduce order, the blobs whose sums have arrived (all, with `wait`)."""
+        while self._updated < len(self._reduces):
+            pid, layer_id, request = self._reduces[self._updated]
+            if wait:
+                self.wait_all([request], "gradients")
+            elif not request.Test():
+                return
+            self._updated += 1
+            if self._per_layer:  # else every blob was averaged and clipped before
+                self._average([pid])
+                if self._rate is None:
+                    self._begin_update()
+            solver, blob = self.solver, self.params[pid]
+            solver.normalize(pid)
+            solver.regularize(pid)
+            solver.compute_update_value(pid, self._rate)
+            blob.data -= blob.diff
+            self._propagate(layer_id, [pid])
+
+    def _average(self, pids):
+        scale = numpy.float32(1.0 / self.size)
+        for pid in pids:
+            self.params[pid].diff *= scale
+
+    def _begin_update(self):
+        self._rate = self.solver.get_learning_rate()
+
+    def _propagate(self, layer_id, pids):
+        with events.labelled(("parameters", (layer_id,))):
+            for pid in pids:
+                self._propagating.append(self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root))
+
+    def _finish_update(self):
+        """Solver.apply_update's bookkeeping; the blobs were updated (root) or received (others) above."""
+        solver = self.solver
+        rate = self._rate if self._rate is not None else solver.get_learning_rate()
+        solver.last_rate, self._rate = rate, None
+        if solver.root_solver and solver.param.display and solver.iter % solver.param.display == 0:
+            log.info("Iteration %d, lr = %s", solver.iter, fmt(rate))
+        solver.iter += 1
+
+    # ------------------------------------------------------------ stop/snapshot requests
 
     def _announce_requests(self):
         # The root's _flags_up holds last iteration's sum (Ireduce in place); sent before it is reused.
@@ -89,9 +163,4 @@ class SCaffeSchedule(Schedule):
         self._flags_up[:] = self.local_flags()
         send = MPI.IN_PLACE if self.rank == self.root else self._flags_up
         recv = self._flags_up if self.rank == self.root else None
-        self._reduces.append(self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))
-
-    def _follow_update(self):
-        """A non-root rank's update: the root's new parameters arrive with the next broadcast."""
-        self.solver.last_rate = self.solver.get_learning_rate()
-        self.solver.iter += 1
+        self._flags_reduce = self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root)

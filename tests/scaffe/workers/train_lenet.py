@@ -1,6 +1,6 @@
 """Train LeNet for a few iterations (under mpiexec or alone) and save the root's weights.
 
-argv: schedule iterations batch_per_rank out.npz
+argv: schedule iterations batch_per_rank out.npz [solver_field=value ...]
 """
 import sys
 
@@ -23,6 +23,9 @@ param.snapshot = 0
 param.snapshot_after_train = False
 param.display = 0
 param.random_seed = 5
+for setting in sys.argv[5:]:
+    field, value = setting.split("=")
+    setattr(param, field, type(getattr(param, field))(value))
 net = sio.read_net_prototxt("examples/mnist/lenet_train_test.prototxt")
 for layer in net.layer:
     if layer.type == "Data":
