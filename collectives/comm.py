@@ -15,12 +15,12 @@ from collectives import algorithms, stall
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging, synchronize
-from collectives.errors import CollectiveError, MismatchError
+from collectives.errors import CollectiveError, MismatchError, install_abort_hook
 from collectives.events import Name, finished, reported, started, with_label
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
-from collectives.settings import positive_int
+from collectives.settings import positive_int, switch
 from collectives.topology import Topology
 from kernels.reduce import supports
 
@@ -193,7 +193,8 @@ class Comm(MPI.Intracomm):
     The first collective call (or `alloc`) sets up the topology and shared memory; it is collective,
     like every call that uses it. Nonblocking calls run in order on one helper thread (progress does
     not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
-    `MPI.Request.Waitall` work as with any MPI request.
+    `MPI.Request.Waitall` work as with any MPI request. Making one installs the abort hook
+    (`collectives.install_abort_hook`) unless SCAFFE_ABORT_ON_ERROR=0.
     """
 
     def __new__(cls, comm=None):
@@ -206,6 +207,8 @@ class Comm(MPI.Intracomm):
     def __init__(self, comm=None):
         self._ready = False
         self._fast = None
+        if switch("SCAFFE_ABORT_ON_ERROR", True):
+            install_abort_hook()  # else one rank's uncaught error leaves the others in a collective forever
 
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self):
