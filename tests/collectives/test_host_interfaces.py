@@ -91,7 +91,7 @@ def test_driver_tells_device_managed_and_pinned_memory_apart():
     import cupy
     device = cupy.arange(4, dtype=cupy.float32)
     assert is_device_buffer(device)
-    managed = cupy.ndarray((4,), cupy.float32, cupy.cuda.MemoryPointer(cupy.cuda.malloc_managed(16), 0))
+    managed = cupy.ndarray((4,), cupy.float32, cupy.cuda.malloc_managed(16))
     assert is_device_buffer(managed)  # staged through the driver's copies, by decision
     pinned_memory = cupy.cuda.alloc_pinned_memory(16)
     pinned = numpy.frombuffer(pinned_memory, numpy.float32, 4)
