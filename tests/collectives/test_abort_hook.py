@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from collectives.settings import switch
 from mpi_harness import launch, run_ok
 
 ABORT_WITHIN_S = 10
@@ -31,3 +32,16 @@ def test_uncaught_exception_ends_the_job(mode):
 
 def test_opt_out_leaves_the_hooks_alone():
     run_ok(2, "abort_hook.py", "opt-out", env={"SCAFFE_ABORT_ON_ERROR": 0}, timeout=60)
+
+
+@pytest.mark.parametrize("value,expected", [("", True), ("1", True), (" 0 ", False)])
+def test_switch_reads(value, expected, monkeypatch):
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", value)
+    assert switch("SCAFFE_ABORT_ON_ERROR", True) is expected
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "off"])
+def test_switch_rejects(value, monkeypatch):
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", value)
+    with pytest.raises(ValueError, match="SCAFFE_ABORT_ON_ERROR must be 0 or 1"):
+        switch("SCAFFE_ABORT_ON_ERROR", True)
