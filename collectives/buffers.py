@@ -33,24 +33,44 @@ class Buffer:
 
 
 def _dtype_of(datatype):
-    """numpy dtype for a predefined MPI datatype, or None for derived/unknown ones."""
+    """numpy dtype for a predefined MPI datatype (or mpi4py's type code for one, "d"), or None for
+    derived or unknown ones and those without a fixed-size numpy twin."""
     try:
-        return numpy.dtype(datatype.tocode())
-    except (ValueError, TypeError, MPI.Exception):
+        if isinstance(datatype, str):
+            datatype = MPI.Datatype.fromcode(datatype)
+        dtype = numpy.dtype(datatype.tocode())
+    except (ValueError, TypeError, KeyError, MPI.Exception):
         return None
+    return dtype if dtype.itemsize else None
 
 
-def _flat_view(obj, what):
-    """A 1-D numpy view of obj's memory without copying; non-contiguous data is an error."""
+def _is_datatype(item):
+    return isinstance(item, (MPI.Datatype, str))
+
+
+def _datatype_name(datatype):
+    return datatype if isinstance(datatype, str) else datatype.Get_name()
+
+
+def _host_array(obj, what, typed):
+    """A numpy view (never a copy) of a host buffer's memory, or None when only MPI can read it: a DLPack
+    exporter without a datatype in the spec (mpi4py asks the exporter for its element type)."""
     if isinstance(obj, numpy.ndarray):
-        arr = obj
-    else:
-        try:
-            arr = numpy.asarray(memoryview(obj))
-        except TypeError:
-            arr = numpy.asarray(obj)
-            if arr.dtype == object:
-                raise CollectiveError(f"{what}: {type(obj).__name__} does not export the buffer protocol") from None
+        return obj
+    if hasattr(obj, "__cuda_array_interface__"):
+        return device.host_view(obj, what)
+    try:
+        return numpy.asarray(memoryview(obj))
+    except TypeError:
+        pass
+    if hasattr(obj, "__dlpack__"):
+        return numpy.frombuffer(MPI.buffer(obj), numpy.uint8) if typed else None
+    raise CollectiveError(f"{what}: {type(obj).__name__} exports neither the buffer protocol, DLPack nor "
+                          "__cuda_array_interface__")
+
+
+def _flat_view(arr, what):
+    """`arr` as 1-D without copying; non-contiguous data is an error."""
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise CollectiveError(
             f"{what}: buffer of shape {arr.shape} with strides {arr.strides} is not contiguous; "
@@ -71,31 +91,49 @@ def _device_buffer(arg, obj, datatype, count, displ, what):
     flat = device.flat_device_view(obj, what)
     if datatype is not None and _dtype_of(datatype) != numpy.dtype(flat.dtype):
         raise CollectiveError(f"{what}: a device buffer of {numpy.dtype(flat.dtype)} cannot be read as "
-                              f"{datatype.Get_name()}; pass a device array of the matching dtype")
+                              f"{_datatype_name(datatype)}; pass a device array of the matching dtype")
     start, stop = _element_range(flat.size, count, displ, what)
     return Buffer(None, arg, flat[start:stop], device.is_read_only(obj))
 
 
+def _split_spec(arg, what):
+    """(buffer, count, displacement, datatype) of a list/tuple spec, read as mpi4py reads it:
+    [buf, type], [buf, count], [buf, (count, displ)], [buf, count, type], [buf, (count, displ), type],
+    [buf, count, displ, type]; a type is an MPI.Datatype or a type code string."""
+    count = displ = datatype = None
+    if len(arg) == 2:
+        obj, second = arg
+        if _is_datatype(second):
+            datatype = second
+        elif isinstance(second, (list, tuple)):
+            count, displ = second
+        else:
+            count = second
+    elif len(arg) == 3:
+        obj, count, datatype = arg
+        if isinstance(count, (list, tuple)):
+            count, displ = count
+    elif len(arg) == 4:
+        obj, count, displ, datatype = arg
+    else:
+        raise CollectiveError(f"{what}: a buffer spec has 2 to 4 items, got {len(arg)}")
+    return obj, count, displ, datatype
+
+
 def parse(arg, what="buffer"):
-    """Buffer for an mpi4py buffer argument: obj, [obj, type], [obj, count, type], [obj, (count, displ), type]."""
+    """Buffer for an mpi4py buffer argument: a buffer, or a list/tuple spec (see `_split_spec`)."""
     if isinstance(arg, numpy.ndarray):
-        flat = _flat_view(arg, what)
-        return Buffer(flat, arg)
+        return Buffer(_flat_view(arg, what), arg)
     if isinstance(arg, (list, tuple)):
-        if not 1 <= len(arg) <= 4:
-            raise CollectiveError(f"{what}: a buffer spec has 1 to 4 items, got {len(arg)}")
-        obj = arg[0]
-        datatype = arg[-1] if len(arg) >= 2 and isinstance(arg[-1], MPI.Datatype) else None
-        count = displ = None
-        if len(arg) >= 3 or (len(arg) == 2 and datatype is None):
-            cd = arg[1]
-            if isinstance(cd, (list, tuple)):
-                count, displ = cd
-            else:
-                count = cd
-        if device.looks_like_device(obj):
+        obj, count, displ, datatype = _split_spec(arg, what)
+        if obj is None or obj is MPI.BOTTOM:
+            return Buffer(None, arg)  # absolute addresses in the datatype: the wrapped MPI handles them
+        if device.is_device_buffer(obj):
             return _device_buffer(arg, obj, datatype, count, displ, what)
-        flat = _flat_view(obj, what)
+        host = _host_array(obj, what, typed=datatype is not None)
+        if host is None:
+            return Buffer(None, arg)
+        flat = _flat_view(host, what)
         if datatype is not None:
             dtype = _dtype_of(datatype)
             if dtype is None:
@@ -103,15 +141,18 @@ def parse(arg, what="buffer"):
             raw = flat.view(numpy.uint8)
             if raw.nbytes % dtype.itemsize:
                 raise CollectiveError(
-                    f"{what}: {raw.nbytes} bytes is not a whole number of {datatype.Get_name()} elements")
+                    f"{what}: {raw.nbytes} bytes is not a whole number of {_datatype_name(datatype)} elements")
             flat = raw.view(dtype)
         start, stop = _element_range(flat.shape[0], count, displ, what)
         return Buffer(flat[start:stop], arg)
     if arg is None:
         return None
-    if device.looks_like_device(arg):
+    if arg is MPI.BOTTOM:
+        return Buffer(None, arg)  # needs a datatype: the wrapped MPI says so
+    if device.is_device_buffer(arg):
         return _device_buffer(arg, arg, None, None, None, what)
-    return Buffer(_flat_view(arg, what), arg)
+    host = _host_array(arg, what, typed=False)
+    return Buffer(None, arg) if host is None else Buffer(_flat_view(host, what), arg)
 
 
 def writable(buf, what):

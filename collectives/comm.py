@@ -14,13 +14,13 @@ from mpi4py import MPI
 from collectives import algorithms, stall
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
-from collectives.device import PinnedPool, Staging
-from collectives.errors import CollectiveError, MismatchError
+from collectives.device import PinnedPool, Staging, synchronize
+from collectives.errors import CollectiveError, MismatchError, install_abort_hook
 from collectives.events import Name, finished, reported, started, with_label
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
-from collectives.settings import positive_int
+from collectives.settings import positive_int, switch
 from collectives.topology import Topology
 from kernels.reduce import supports
 
@@ -50,17 +50,6 @@ class Call:
 
 
 _NATIVE_ON_HOST = object()  # _offload's answer for device buffers whose call native MPI must make
-
-
-def _synchronize(stream):
-    """Wait for the caller's stream (anything with .synchronize(), or a raw CUDA stream handle)."""
-    if stream is None:
-        return
-    if hasattr(stream, "synchronize"):
-        stream.synchronize()
-    else:
-        from kernels.numba_cuda import cuda
-        cuda.external_stream(int(stream)).synchronize()
 
 
 def _fits(sendbuf, recvbuf):
@@ -204,7 +193,8 @@ class Comm(MPI.Intracomm):
     The first collective call (or `alloc`) sets up the topology and shared memory; it is collective,
     like every call that uses it. Nonblocking calls run in order on one helper thread (progress does
     not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
-    `MPI.Request.Waitall` work as with any MPI request.
+    `MPI.Request.Waitall` work as with any MPI request. Making one installs the abort hook
+    (`collectives.install_abort_hook`) unless SCAFFE_ABORT_ON_ERROR=0.
     """
 
     def __new__(cls, comm=None):
@@ -217,6 +207,8 @@ class Comm(MPI.Intracomm):
     def __init__(self, comm=None):
         self._ready = False
         self._fast = None
+        if switch("SCAFFE_ABORT_ON_ERROR", True):
+            install_abort_hook()  # else one rank's uncaught error leaves the others in a collective forever
 
     # -- set-up -------------------------------------------------------------------------------------
     def _setup(self):
@@ -297,14 +289,15 @@ class Comm(MPI.Intracomm):
         self._check_root(root)
         rank = self.Get_rank()
         receives = kind == "allreduce" or rank == root
-        if sendbuf is MPI.IN_PLACE and not receives:
+        in_place = sendbuf is MPI.IN_PLACE or sendbuf is None and receives  # mpi4py reads None as IN_PLACE
+        if in_place and not receives:
             raise CollectiveError(f"MPI.IN_PLACE is only valid at the root (rank {root}) of Reduce")
         recv = parse(recvbuf, "recvbuf") if receives else None
         if receives:
             if recv is None:
                 raise CollectiveError(f"recvbuf is required on rank {rank}")
             writable(recv, "recvbuf")
-        send = recv if sendbuf is MPI.IN_PLACE else parse(sendbuf, "sendbuf")
+        send = recv if in_place else parse(sendbuf, "sendbuf")
         if send is None:
             raise CollectiveError("sendbuf is required (or MPI.IN_PLACE at the root)")
         staging = None
@@ -383,7 +376,7 @@ class Comm(MPI.Intracomm):
         """
         if call is None:
             return None
-        _synchronize(stream)  # the caller's kernels that produce the data finish before we read it
+        synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         dtype = (call.send if call.send is not None else call.recv).dtype
         compiled = call.op_name is not None and self.shm.compiled_applies(call.op_name, dtype)
         name = (algorithms.select(call.kind, call.nbytes, self.forced, self.several_nodes, compiled)
@@ -458,7 +451,7 @@ class Comm(MPI.Intracomm):
         An I* call stays an I* call: MPI never matches a blocking collective with a nonblocking one,
         and the other ranks may have made theirs with host buffers, natively.
         """
-        send = MPI.IN_PLACE if call.send_spec is MPI.IN_PLACE else call.send
+        send = MPI.IN_PLACE if call.send is call.recv else call.send
         if call.kind == "reduce":
             args = (send, call.recv, call.op, call.root)
             native = MPI.Intracomm.Reduce if blocking else MPI.Intracomm.Ireduce

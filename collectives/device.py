@@ -1,9 +1,15 @@
-"""Device (GPU) buffers in the collectives: recognising them, and staging them through host memory.
+"""Device (GPU) buffers in the collectives: telling them from host buffers, and staging them through host memory.
 
-A buffer is a device buffer when it exports `__cuda_array_interface__` (cupy, numba, PyTorch, ...),
-is a numba device array (the CUDA simulator's included), or exports DLPack from a CUDA device. It is
-viewed as a flat numba device array without a copy; a producer stream named by the interface (v3) is
-synchronised by numba before the view is made.
+Where a buffer lives is decided per pointer. numba device arrays (the CUDA simulator's included) are
+device buffers. An object exporting `__cuda_array_interface__` is one when the CUDA driver says its
+pointer is device or managed memory; host memory behind the interface (pinned or not, and every pointer
+on a machine without a driver, like mpi4py's "fake GPU arrays") is read through a numpy view, exactly
+like any host buffer. Managed memory is staged like device memory: the driver's copies are safe where
+the CPU may not touch managed memory while a kernel runs, and they cost no more than the page faults
+a host access would take. DLPack exporters say where they live themselves (CUDA or CUDA managed).
+
+A device buffer is viewed as a flat numba device array without a copy; a producer stream named by the
+interface (v3) is synchronised before its memory is read, on the device and on the host alike.
 
 This build has no CUDA-aware transport yet, so a device buffer never reaches MPI: the call runs on
 pinned host copies (device-to-host before, host-to-device after), with the same algorithm selection a
@@ -14,6 +20,7 @@ import threading
 
 import numpy
 
+from collectives import cuda_driver
 from collectives.errors import CollectiveError
 
 _DLPACK_CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
@@ -23,17 +30,57 @@ def _is_numba_array(obj):
     return type(obj).__module__.startswith("numba.cuda")
 
 
-def looks_like_device(obj):
-    """Cheap test that avoids importing numba.cuda for host buffers."""
-    if hasattr(obj, "__cuda_array_interface__") or _is_numba_array(obj):
+def is_device_buffer(obj):
+    """Whether `obj`'s memory must be staged: device or managed memory; False for every host buffer."""
+    if isinstance(obj, numpy.ndarray):
+        return False  # numba's mapped and managed arrays among them: the host addresses them
+    if _is_numba_array(obj):
         return True
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is not None:
+        return cuda_driver.is_device_memory(interface["data"][0])
     dlpack_device = getattr(obj, "__dlpack_device__", None)
-    if dlpack_device is not None and not isinstance(obj, numpy.ndarray):
+    if dlpack_device is not None:
         try:
             return dlpack_device()[0] in _DLPACK_CUDA_DEVICES
         except Exception:
             return False
     return False
+
+
+class _HostInterface:
+    """numpy's array interface over the host memory behind a CUDA array interface; keeps its owner alive."""
+
+    def __init__(self, owner, interface):
+        self.owner = owner
+        self.__array_interface__ = interface
+
+
+def host_view(obj, what):
+    """A numpy array over the host memory behind `obj`'s `__cuda_array_interface__`, read-only if it says so."""
+    interface = obj.__cuda_array_interface__
+    if interface.get("mask") is not None:
+        raise CollectiveError(f"{what}: masked CUDA arrays are not supported; pass the data without a mask")
+    pointer, read_only = interface["data"]
+    shape = tuple(interface["shape"])
+    if not pointer and numpy.prod(shape) != 0:
+        raise CollectiveError(f"{what}: __cuda_array_interface__ has a null pointer for shape {shape}")
+    if cuda_driver.available():
+        synchronize(interface.get("stream"))
+    return numpy.asarray(_HostInterface(obj, {
+        "shape": shape, "typestr": interface["typestr"], "descr": interface.get("descr", [("", interface["typestr"])]),
+        "data": (pointer, bool(read_only)), "strides": interface.get("strides"), "version": 3}))
+
+
+def synchronize(stream):
+    """Wait for a producer's stream (anything with .synchronize(), or a raw CUDA stream handle; None: no wait)."""
+    if stream is None:
+        return
+    if hasattr(stream, "synchronize"):
+        stream.synchronize()
+    else:
+        from kernels.numba_cuda import cuda
+        cuda.external_stream(int(stream)).synchronize()
 
 
 def flat_device_view(obj, what):

@@ -1,6 +1,7 @@
 """Validation errors raised before any message is sent, and the hook that aborts the job on an uncaught error."""
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -26,21 +27,65 @@ def abort_job(report, comm=None):
     (comm if comm is not None else MPI.COMM_WORLD).Abort(1)
 
 
+class _AbortHook:
+    """sys.excepthook and threading.excepthook that abort the job, after the hooks they replaced.
+
+    A hook the program had set is called first (its report, its clean-up); Python's default ones are
+    not, since the abort report prints the traceback itself, with the rank.
+    """
+
+    def __init__(self):
+        self.comm = None
+        self.earlier_sys_hook = self.earlier_thread_hook = None
+        self._in_earlier_hook = False  # an earlier hook that calls the one it replaced (ours) must not loop
+
+    def install(self, comm):
+        if comm is not None:
+            self.comm = comm
+        if sys.excepthook != self.on_exception:
+            self.earlier_sys_hook = None if sys.excepthook is sys.__excepthook__ else sys.excepthook
+            sys.excepthook = self.on_exception
+        if threading.excepthook != self.on_thread_exception:
+            self.earlier_thread_hook = (None if threading.excepthook is threading.__excepthook__
+                                        else threading.excepthook)
+            threading.excepthook = self.on_thread_exception
+
+    def on_exception(self, exc_type, exc, tb):
+        self._call(self.earlier_sys_hook, exc_type, exc, tb)
+        self._abort(exc_type, exc, tb)
+
+    def on_thread_exception(self, args):
+        self._call(self.earlier_thread_hook, args)
+        self._abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+    def _call(self, hook, *args):
+        if hook is None or self._in_earlier_hook:
+            return
+        self._in_earlier_hook = True
+        try:
+            hook(*args)
+        except BaseException:  # the job must still end
+            traceback.print_exc()
+        finally:
+            self._in_earlier_hook = False
+
+    def _abort(self, exc_type, exc, tb):
+        from mpi4py import MPI
+        report = "".join(traceback.format_exception(exc_type, exc, tb))
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            sys.stderr.write(report)  # no job left to abort
+            return
+        abort_job(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}", self.comm)
+
+
+_hook = _AbortHook()
+
+
 def install_abort_hook(comm=None):
     """Make an uncaught exception on any rank (any thread) print its traceback and abort the whole job.
 
-    Without this, one rank dying leaves the others blocked in a collective forever.
+    Without this, one rank dying leaves the others blocked in a collective forever. The first
+    `collectives.Comm` installs it (unless SCAFFE_ABORT_ON_ERROR=0); calling it again changes nothing
+    but the communicator to abort, when one is given. Hooks the program had set still run first.
     """
-    def abort(exc_type, exc, tb):
-        from mpi4py import MPI
-        report = "".join(traceback.format_exception(exc_type, exc, tb))
-        abort_job(f"[rank {MPI.COMM_WORLD.Get_rank()}] uncaught exception, aborting the job:\n{report}", comm)
-
-    sys.excepthook = abort
-
-    import threading
-
-    def thread_abort(args):
-        abort(args.exc_type, args.exc_value, args.exc_traceback)
-
-    threading.excepthook = thread_abort
+    _hook.install(comm)

@@ -24,7 +24,7 @@ job of small messages should not pay.
 import numpy
 
 # The ops this loop computes: those defined for every numeric dtype numba handles (bitwise and logical ops,
-# and float16, which numba cannot compute on the CPU, stay on the interpreted path).
+# and float16 and the long double types, which numba cannot compute on, stay on the interpreted path).
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
 MODES = {"reduce": 0, "reduce_scatter": 1, "allgather": 2, "gather": 3}  # see _steps.run
 # The cell it fills: 128 KiB on 2 local ranks, 64 KiB from 4 (at most the windows' own cells). Alternating
@@ -35,10 +35,13 @@ CELL_BYTES = 256 << 10  # over the number of local ranks,
 SMALLEST_CELL = 64 << 10  # but not below this
 
 
+_WIDEST = {"i": 8, "u": 8, "f": 8, "c": 16}  # bytes per element numba computes on: not long double
+
+
 def handles(op, dtype):
     """Whether the compiled loop computes `op` on elements of `dtype`."""
     dtype = numpy.dtype(dtype)
-    if op not in OPS or dtype.kind not in "iufc" or dtype == numpy.float16:
+    if op not in OPS or dtype.kind not in "iufc" or dtype == numpy.float16 or dtype.itemsize > _WIDEST[dtype.kind]:
         return False
     return dtype.kind != "c" or op in ("sum", "prod")
 

@@ -7,14 +7,14 @@ import pytest
 from mpi4py import MPI
 
 from collectives.buffers import Buffer, parse, writable
-from collectives.device import PinnedPool, Staging, is_read_only, looks_like_device
+from collectives.device import PinnedPool, Staging, is_read_only, is_device_buffer
 from collectives.errors import CollectiveError
 from kernels.numba_cuda import cuda
 
 
 def test_host_buffers_are_not_device_buffers():
     for host in (numpy.zeros(3), bytearray(8), memoryview(b"abcd")):
-        assert not looks_like_device(host)
+        assert not is_device_buffer(host)
         assert parse(host).device is None
 
 
@@ -51,7 +51,7 @@ def test_read_only_interface_is_refused_as_receive_buffer():
         """A producer that marks its device memory read-only (CUDA array interface data=(ptr, True))."""
         __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, True), "version": 3}
 
-    assert looks_like_device(ReadOnly()) and is_read_only(ReadOnly())
+    assert is_read_only(ReadOnly())
     buf = Buffer(None, ReadOnly(), device_view=cuda.device_array(4, dtype=numpy.float32),
                  read_only=is_read_only(ReadOnly()))
     with pytest.raises(CollectiveError, match="read-only"):

@@ -10,7 +10,8 @@ three dimensions across the space at a fraction of the cost of crossing them.
 
 --memory device puts every buffer on the GPU (numba device arrays; numba's CUDA simulator without a
 GPU), --memory mixed a device send buffer with a host receive buffer on even ranks and the other way
-round on odd ones.
+round on odd ones. --memory interface passes host memory behind `__cuda_array_interface__` (mpi4py's
+"fake GPU arrays"), --memory dlpack host memory behind DLPack as [buffer, MPI datatype].
 """
 import argparse
 import itertools
@@ -18,7 +19,8 @@ import itertools
 import numpy
 from mpi4py import MPI
 
-from worker_util import OPS, Worker, contribution, dtype_list, expected_reduction, op_list, valid
+from worker_util import (OPS, DLPackArray, HostInterfaceArray, Worker, contribution, dtype_list, expected_reduction,
+                         op_list, valid)
 
 MODES = ["blocking", "wait", "test", "waitall"]
 KINDS = ["reduce", "allreduce", "bcast"]
@@ -34,14 +36,24 @@ MEMORY = "host"
 
 def placed(array, role, rank):
     """`array` where --memory puts a buffer of this role ("send" or "recv") on this rank."""
+    if array is None or array is MPI.IN_PLACE:
+        return array
+    if MEMORY == "interface":
+        return HostInterfaceArray(array)
+    if MEMORY == "dlpack":
+        return [DLPackArray(array), MPI.Datatype.fromcode(array.dtype.char)]
     on_device = MEMORY == "device" or (MEMORY == "mixed" and (role == "send") == (rank % 2 == 0))
-    if not on_device or array is None or array is MPI.IN_PLACE:
+    if not on_device:
         return array
     from kernels.numba_cuda import cuda
     return cuda.to_device(array)
 
 
 def on_host(buf):
+    if isinstance(buf, list):  # a [buffer, datatype] spec
+        buf = buf[0]
+    if isinstance(buf, (HostInterfaceArray, DLPackArray)):
+        return buf.array
     return buf if isinstance(buf, numpy.ndarray) else buf.copy_to_host()
 
 
@@ -70,7 +82,7 @@ class Case:
         if receives:
             self.expected = expected_reduction(op, inputs)
         if inplace and receives:
-            self.send = MPI.IN_PLACE
+            self.send = MPI.IN_PLACE if seed % 2 else None  # mpi4py reads None as MPI.IN_PLACE
             self.recv = mine.copy()
         else:
             self.send = mine.copy()
@@ -135,7 +147,7 @@ def main():
     parser.add_argument("--rotate", action="store_true",
                         help="draw one (root, in-place, mode) per case from a fixed-seed generator "
                              "instead of crossing them")
-    parser.add_argument("--memory", default="host", choices=["host", "device", "mixed"])
+    parser.add_argument("--memory", default="host", choices=["host", "device", "mixed", "interface", "dlpack"])
     parser.add_argument("--name", default="space")
     args = parser.parse_args()
     global MEMORY

@@ -104,6 +104,32 @@ def expected_reduction(op, inputs):
     return acc
 
 
+class HostInterfaceArray:
+    """Host memory exported through `__cuda_array_interface__` only, like mpi4py's "fake GPU arrays" (and
+    any program's arrays on a machine without a CUDA driver); `array` is the numpy array behind it."""
+
+    def __init__(self, array, read_only=False, version=3):
+        self.array = array
+        interface = {"shape": array.shape, "typestr": array.dtype.str, "version": version,
+                     "data": (array.ctypes.data, read_only)}
+        if not array.flags.c_contiguous:
+            interface["strides"] = array.strides
+        self.__cuda_array_interface__ = interface
+
+
+class DLPackArray:
+    """Host memory exported through DLPack only (no buffer protocol); `array` is the numpy array behind it."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
 class Worker:
     """One rank of a worker job: the wrapped communicator, the case being checked, the final report."""
 
