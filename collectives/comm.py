@@ -65,8 +65,8 @@ def _fits(sendbuf, recvbuf):
 # call must not keep them alive), its op and root, the send (or Bcast) buffer's dtype and size, which an
 # array can change in place (`a.dtype = ...`, `a.resize(...)`) and which decide the algorithm, on which all
 # ranks must agree, and `plan`: None when native MPI ran it, else (the algorithm, the op's name).
-# Comm's methods compare a call with a record inline (through a function it cost 0.05-0.1 us more, on a
-# path of about 0.5 us), testing the type before looking inside: a new object can get a freed one's id.
+# Comm's methods compare a call with a record inline (a function call is a measurable part of this
+# path), testing the type before looking inside: a new object can get a freed one's id.
 def _record(buf, recvbuf, op, root, plan=None):
     return (id(buf), id(recvbuf), op, root, buf.dtype, buf.nbytes, plan)
 
@@ -101,13 +101,11 @@ class _FastPath:
 
     The last arguments of each kind that passed are remembered (`*_seen`), and a call that repeats them
     (a benchmark's loop, a training step's gradients) skips most checks. A small one goes to MPI
-    unchecked (measured on one rank, 4 bytes, over MPI's own call: Reduce 0.88 us with the checks, about
-    0.5 us without; Bcast 0.36-0.41 us). Whatever an array can change in place besides its dtype and
+    unchecked (perf/RESULTS.md has what that saves). Whatever an array can change in place besides its dtype and
     size, such as its strides or writeable flag, mpi4py rejects before calling MPI; the caller then
     forgets the record and the checks raise their own error. A large one runs the remembered algorithm
-    on a Call from `plain_call`, which checks what the views in a Call need (measured on 2 ranks against
-    building the Call and choosing the algorithm again: 124-125 against 135-137 us for a 1 MiB
-    Allreduce, 25 against 33 us at 64 KiB).
+    on a Call from `plain_call`, which checks what the views in a Call need, instead of building the Call
+    and choosing the algorithm again.
     """
 
     __slots__ = ("rank", "size", "pairs", "computed", "reduce_below", "allreduce_below", "bcast_native",

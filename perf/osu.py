@@ -250,8 +250,7 @@ def buffers(comm, count, dtype, impl, args, value):
 
 
 # One pair for both implementations, because where a buffer's pages land decides a large part of its
-# speed: MPICH's own Bcast, timed on separately allocated 4 MiB buffers, took 305-377 us on some and
-# 190-283 us on others, in one process and one run.
+# speed (perf/RESULTS.md, "Benchmark buffers").
 @functools.lru_cache(maxsize=1)
 def _plain_buffers(count, dtype, value, device):
     if device == "cuda":

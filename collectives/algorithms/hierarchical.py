@@ -41,7 +41,7 @@ def allreduce(comm, call):
     local rank's piece of the node's sum is allreduced with the owners of that piece on the other nodes
     before the node reads it. Otherwise a node reduce to local rank 0, an allreduce among leaders (reduce
     then broadcast down the same tree) and the MPI library's broadcast inside each node, which makes one
-    copy where our cells make two (measured 0.5-0.7x of MPICH's for the cells' broadcast, see SELECTION)."""
+    copy where our cells make two (perf/RESULTS.md, "Across nodes")."""
     topo, shm = comm.node_topology, comm.shm
     if topo.num_nodes == 1:
         shm.allreduce(call.send, call.recv, call.op_name)
@@ -50,8 +50,7 @@ def allreduce(comm, call):
         if shm.compiled_applies(call.op_name, call.recv.dtype):
             # In three steps, since MPI cannot be called from the compiled loop: each rank's range of the
             # node's sum, then one allreduce of that range with its owners on the other nodes, then the node
-            # reads every range. OSU Allreduce at 1-16 MiB, nodes of 2: 4 ranks 0.98-1.35x native and 8
-            # ranks 0.87-1.29x, against 0.85-1.04x and 0.77-0.92x for the one pass below.
+            # reads every range; faster than the one pass below (perf/RESULTS.md, "Across nodes").
             shm.reduce_scatter(call.send, call.recv, call.op_name)
             lo, hi = shm.owned_range(call.recv.shape[0], call.recv.dtype)
             topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)

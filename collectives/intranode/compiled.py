@@ -1,17 +1,12 @@
 """`_Reduction`'s step loop for plain buffers, compiled with numba: same cells and counters, inputs
 combined in the same local-rank order, a fraction of the cost per step.
 
-Interpreted, a step (copy a chunk in, reduce one, drain one) costs 10-15 us of Python around its data
-movement, and a node call about 70 us before any data moves; compiled, a step costs well under a
-microsecond and a call about 35 us. Allreduce, best of 5 alternating rounds (compiled / interpreted /
-MPICH, us): 2 ranks 1 MiB 226 / 284 / 353, 4 MiB 963 / 1293 / 1581, 16 MiB 4157 / 4544 / 7670; 4 ranks on
-2 cores 4 MiB 1975 / 2952 / 3791.
+Interpreted, each step pays microseconds of Python around its data movement; compiled, a fraction of
+one (perf/RESULTS.md has the measurements).
 
 The owner's reduce reads its inputs and writes its receive buffer and its result cell in one pass (two
 inputs; more go through an accumulator that stays in L1), where copying into an accumulator, adding,
-and copying out took four: 1.12-1.16x faster for 2-8 MiB Allreduces on 2 ranks, and 1.3x for the
-2-rank Reduce's gather from 4 MiB, which now matches the interpreted gather at every size (alternating
-medians, us, compiled / interpreted: 4 MiB 760 / 910, 16 MiB 2878 / 2855, 64 MiB 11126 / 10927).
+and copying out took four passes over memory.
 
 Here each local rank owns one contiguous range of the vector (on cache-line boundaries), cut in pieces
 of one cell: the same chunk-per-cell pipeline as the interpreted loop, but a reduce-scatter leaves each

@@ -324,8 +324,8 @@ class _Reduction:
         w._publish(COPIED, self.base)  # my fields are readable: peers read them only after this
         # A two-rank Reduce whose other rank must copy its input in anyway does least work when the
         # target combines every chunk itself: nothing is copied out and the copy-in overlaps the
-        # reduce (2-rank OSU Reduce 8.7-12x native against 5.5-8.9x splitting the work). With the
-        # input in shared memory, splitting wins (12-19x against 7-14x): nothing was copied in.
+        # reduce. With the input in shared memory, splitting wins: nothing was copied in
+        # (perf/RESULTS.md, "The compiled node loop").
         self.gather = False
         if len(readers) == 1 and size == 2:
             if self.only_reader:
