@@ -1,6 +1,5 @@
 """Data input: LMDB reading and sharding, Datum decoding, the transformer, prefetching, the data
 layers and the conversion tools, checked against the LMDB and idx files written for Caffe."""
-import gzip
 import hashlib
 import os
 import threading

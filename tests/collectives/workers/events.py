@@ -40,7 +40,7 @@ class Recorder:
 
 def main():
     w = Worker()
-    comm, rank = w.comm, w.rank
+    comm = w.comm
     recorder = Recorder()
     comm.Barrier()
     comm.describe()  # sets the communicator up: its index is 0
