@@ -24,7 +24,6 @@ class AllreduceSchedule(Schedule):
     def __init__(self, solver, comm, bucket_bytes=BUCKET_BYTES):
         super().__init__(solver, comm)
         self.bucket_bytes = bucket_bytes
-        self._synced = False
         self._buckets = []       # [(flat buffer, [(pid, start, stop)], request)]
         self._pending = []       # pids waiting to be packed into the next bucket
         self._pending_bytes = 0
@@ -37,15 +36,7 @@ class AllreduceSchedule(Schedule):
         self._buckets = []
         self._pending, self._pending_bytes, self._pending_layers = [], 0, []
         self._flags = None
-        self._sync_once()
-
-    def on_test_start(self):
-        self._sync_once()  # a test before the first iteration needs the root's parameters too
-
-    def _sync_once(self):
-        if not self._synced:
-            self.broadcast_parameters()
-            self._synced = True
+        self.sync_once()
 
     def grads_ready(self, layer_id):
         if not self.last_pass():

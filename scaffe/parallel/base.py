@@ -22,6 +22,7 @@ class Schedule:
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
         solver.agreement = self
         self.agreed = frozenset()
+        self.synced = False  # whether every rank holds the root's parameters
         # The ranks' requests travel with the gradients of the last layer whose backward makes some.
         ready = [layer_id for layer_id in range(len(self.net.layers)) if self.net.grads_ready_at(layer_id)]
         self.final_grads_layer = min(ready) if ready else None
@@ -58,6 +59,14 @@ class Schedule:
         for layer_id in range(len(self.net.layers)):
             for pid in self.net.params_needed_at(layer_id):
                 yield layer_id, self.buffer(self.params[pid].data)
+
+    def on_test_start(self):
+        self.sync_once()  # a test before the first iteration needs the root's parameters too
+
+    def sync_once(self):
+        if not self.synced:
+            self.broadcast_parameters()
+            self.synced = True
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters (blocking)."""

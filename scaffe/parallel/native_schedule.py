@@ -22,21 +22,12 @@ class NativeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
         self.native = MPI.Intracomm(comm)  # the same communicator, with mpi4py's methods
-        self._synced = False
         self._ready = []  # (learnable id, layer index) in the order backward completed their gradients
 
     def on_start(self):
         self.passes = 0
         self._ready = []
-        self._sync_once()
-
-    def on_test_start(self):
-        self._sync_once()  # a test before the first iteration needs the root's parameters too
-
-    def _sync_once(self):
-        if not self._synced:
-            self.broadcast_parameters()
-            self._synced = True
+        self.sync_once()
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters, by MPI's own Bcast."""

@@ -43,7 +43,6 @@ class SCaffeSchedule(Schedule):
         self._propagating = []  # this iteration's parameter broadcasts
         self._reduces = []     # (learnable id, layer index, request) of this iteration's gradient reduces
         self._updated = 0      # how many of them the root has updated and broadcast
-        self._synced = False
         self._rate = None
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
@@ -54,13 +53,13 @@ class SCaffeSchedule(Schedule):
         self.passes = 0
         self._reduces, self._updated, self._propagating = [], 0, []
         self._announce_requests()
-        if self._synced:
+        if self.synced:
             return
         for layer_id in range(len(self.net.layers)):
             with events.labelled(("parameters", (layer_id,))):
                 for pid in self.net.params_needed_at(layer_id):
                     self._bcasts[pid] = self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root)
-        self._synced = True
+        self.synced = True
 
     def param_needed(self, layer_id):
         requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
@@ -84,11 +83,6 @@ class SCaffeSchedule(Schedule):
             self._update_arrived(wait=False)
         if layer_id == self.final_grads_layer:
             self._gather_requests()
-
-    def on_test_start(self):
-        if not self._synced:  # a test before the first iteration needs the root's parameters
-            self.broadcast_parameters()
-            self._synced = True
 
     def on_gradients_ready(self):
         if self.final_grads_layer is None:  # a net without gradients still agrees on requests
