@@ -17,21 +17,16 @@ import numpy
 
 from scaffe import io as sio
 from scaffe.blob import Blob
+from scaffe.insert_splits import insert_splits
 from scaffe.layers import create_layer
 from scaffe.log import fmt, get_logger
+from scaffe.net_filter import NetError, filter_net
 from scaffe.proto import caffe_pb2
 
 log = get_logger(__name__)
 
-__all__ = ["Net", "NetError", "filter_net", "insert_splits", "state_meets_rule",
-           "split_layer_name", "split_blob_name"]
+__all__ = ["Net", "NetError"]
 
-
-class NetError(ValueError):
-    """A net could not be built or loaded; the message is one line naming the file and the layer."""
-
-
-_PHASE_NAMES = {caffe_pb2.TRAIN: "TRAIN", caffe_pb2.TEST: "TEST"}
 
 
 def _phase_value(phase):
@@ -43,124 +38,6 @@ def _phase_value(phase):
         except KeyError:
             raise ValueError(f"unknown phase {phase!r}; use TRAIN or TEST") from None
     return int(phase)
-
-
-# ---------------------------------------------------------------- filtering by NetState
-
-def state_meets_rule(state, rule, layer_name):
-    """Caffe's StateMeetsRule: whether NetState `state` satisfies the NetStateRule `rule`."""
-    if rule.HasField("phase") and rule.phase != state.phase:
-        log.info("The NetState phase (%d) differed from the phase (%d) specified by a rule in layer %s",
-                 state.phase, rule.phase, layer_name)
-        return False
-    if rule.HasField("min_level") and state.level < rule.min_level:
-        log.info("The NetState level (%d) is above the min_level (%d) specified by a rule in layer %s",
-                 state.level, rule.min_level, layer_name)
-        return False
-    if rule.HasField("max_level") and state.level > rule.max_level:
-        log.info("The NetState level (%d) is above the max_level (%d) specified by a rule in layer %s",
-                 state.level, rule.max_level, layer_name)
-        return False
-    # The state must hold every stage the rule names, and none of its not_stages.
-    for stage in rule.stage:
-        if stage not in state.stage:
-            log.info("The NetState did not contain stage '%s' specified by a rule in layer %s", stage, layer_name)
-            return False
-    for stage in rule.not_stage:
-        if stage in state.stage:
-            log.info("The NetState contained a not_stage '%s' specified by a rule in layer %s", stage, layer_name)
-            return False
-    return True
-
-
-def filter_net(param, source="<net>"):
-    """A copy of `param` keeping only the layers whose include/exclude rules accept `param.state`."""
-    filtered = caffe_pb2.NetParameter()
-    filtered.CopyFrom(param)
-    del filtered.layer[:]
-    for layer in param.layer:
-        if len(layer.include) and len(layer.exclude):
-            raise NetError(f"{source}: layer '{layer.name}': specify either include rules or exclude rules, not both")
-        # No include rule: included unless an exclude rule matches; else included if one include matches.
-        included = not len(layer.include)
-        for rule in layer.exclude:
-            if included and state_meets_rule(param.state, rule, layer.name):
-                included = False
-        for rule in layer.include:
-            if not included and state_meets_rule(param.state, rule, layer.name):
-                included = True
-        if included:
-            filtered.layer.add().CopyFrom(layer)
-    return filtered
-
-
-# ---------------------------------------------------------------- automatic Split layers
-
-def split_layer_name(layer_name, blob_name, top_index):
-    return f"{blob_name}_{layer_name}_{top_index}_split"
-
-
-def split_blob_name(layer_name, blob_name, top_index, split_index):
-    return f"{blob_name}_{layer_name}_{top_index}_split_{split_index}"
-
-
-def insert_splits(param, source="<net>"):
-    """Caffe's InsertSplits: a copy of `param` where every top read by more than one consumer
-    (a bottom, or an explicit non-zero loss_weight) goes through a Split layer placed right after
-    its producer, each consumer reading its own copy in file order."""
-    last_top = {}            # blob name -> (layer index, top index) of its latest producer
-    source_top = {}          # (layer, bottom index) -> producing (layer, top index)
-    consumers = {}           # (layer, top index) -> number of consumers
-    top_loss_weight = {}
-    for i, layer in enumerate(param.layer):
-        for j, blob_name in enumerate(layer.bottom):
-            if blob_name not in last_top:
-                raise NetError(f"{source}: layer '{layer.name}': unknown bottom blob '{blob_name}' "
-                               f"(bottom index {j}); no earlier layer produces it")
-            top = last_top[blob_name]
-            source_top[(i, j)] = top
-            consumers[top] = consumers.get(top, 0) + 1
-        for j, blob_name in enumerate(layer.top):
-            last_top[blob_name] = (i, j)
-        # Being used as a loss counts as one more consumer of that top.
-        for j in range(min(len(layer.loss_weight), len(layer.top))):
-            top = last_top[layer.top[j]]
-            top_loss_weight[top] = layer.loss_weight[j]
-            if layer.loss_weight[j]:
-                consumers[top] = consumers.get(top, 0) + 1
-
-    out = caffe_pb2.NetParameter()
-    out.CopyFrom(param)
-    del out.layer[:]
-    next_split = {}
-    for i, layer in enumerate(param.layer):
-        new_layer = out.layer.add()
-        new_layer.CopyFrom(layer)
-        for j in range(len(new_layer.bottom)):
-            top = source_top[(i, j)]
-            if consumers.get(top, 0) > 1:
-                producer = param.layer[top[0]].name
-                k = next_split.get(top, 0)
-                next_split[top] = k + 1
-                new_layer.bottom[j] = split_blob_name(producer, new_layer.bottom[j], top[1], k)
-        for j, blob_name in enumerate(layer.top):
-            count = consumers.get((i, j), 0)
-            if count <= 1:
-                continue
-            weight = top_loss_weight.get((i, j), 0.0)
-            split = out.layer.add()
-            split.name = split_layer_name(layer.name, blob_name, j)
-            split.type = "Split"
-            split.bottom.append(blob_name)
-            for k in range(count):
-                split.top.append(split_blob_name(layer.name, blob_name, j, k))
-                if weight:
-                    # The loss moves to the split's first copy; the producer no longer carries it.
-                    split.loss_weight.append(weight if k == 0 else 0.0)
-            if weight:
-                new_layer.ClearField("loss_weight")
-                next_split[(i, j)] = next_split.get((i, j), 0) + 1
-    return out
 
 
 # ---------------------------------------------------------------- the net

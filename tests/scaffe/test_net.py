@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from scaffe import io as sio
-from scaffe.net import Net, NetError, filter_net, insert_splits
+from scaffe.insert_splits import insert_splits
+from scaffe.net import Net, NetError
+from scaffe.net_filter import filter_net
 from scaffe.proto import caffe_pb2
 
 REF = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-reference"
