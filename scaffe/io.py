@@ -16,21 +16,32 @@ from google.protobuf import text_format
 from scaffe.proto import caffe_pb2
 
 __all__ = [
-    "CaffeFormatError",
+    "CaffeFormatError", "copy_message", "to_host",
     "atomic_write_bytes", "atomic_path",
     "read_text_proto", "parse_net_text", "read_net_prototxt", "parse_solver_text", "read_solver_prototxt",
     "write_prototxt", "read_binary_proto", "write_binary_proto",
     "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_mean_file",
     "read_solverstate", "write_solverstate",
     "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape",
-    "net_weights", "set_layer_blobs", "net_param_with_weights", "weights_to_net_param",
-    "read_weights", "write_hdf5_weights", "read_hdf5_weights",
+    "model_layers", "net_weights", "set_layer_blobs", "read_weights", "write_hdf5_weights", "read_hdf5_weights",
     "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file",
 ]
 
 
 class CaffeFormatError(ValueError):
     """A file could not be read as the Caffe format it should have; the message names the file."""
+
+
+def copy_message(msg):
+    """A new protobuf message equal to `msg`."""
+    out = type(msg)()
+    out.CopyFrom(msg)
+    return out
+
+
+def to_host(array):
+    """`array` as a numpy array: a device (cupy) array is copied to the host, a numpy one passes as is."""
+    return array if isinstance(array, numpy.ndarray) else array.get()
 
 
 # ---------------------------------------------------------------- atomic writes
@@ -308,68 +319,35 @@ def array_to_blobproto(data, diff=None, blob=None, legacy_4d=False):
 
 # ---------------------------------------------------------------- weights <-> NetParameter
 
-def _layer_list(net):
-    # Old V1 caffemodels (e.g. the original CaffeNet/AlexNet releases) keep name and blobs in
-    # `layers`; their weights are still usable, only their layer definitions are not.
+def model_layers(net):
+    """The layers of a NetParameter that carry weights: `layer`, or `layers` in old V1 files (e.g.
+    the original CaffeNet/AlexNet releases), whose weights are still usable by name."""
     return list(net.layer) if len(net.layer) else list(net.layers)
 
 
-def net_weights(net, diff=False):
+def net_weights(net):
     """{layer name: [numpy arrays]} for every layer with blobs, in file order.
 
     Arrays keep the stored shape (legacy 4-d for old files; `blobproto_to_array(..., shape=)`
     adapts them). When a name appears twice the later layer wins, as in Caffe's CopyTrainedLayers.
     """
-    weights = {}
-    for layer in _layer_list(net):
-        if len(layer.blobs):
-            weights[layer.name] = [blobproto_to_array(b, diff=diff) for b in layer.blobs]
-    return weights
+    return {layer.name: [blobproto_to_array(b) for b in layer.blobs]
+            for layer in model_layers(net) if len(layer.blobs)}
 
 
 def set_layer_blobs(layer, arrays, diffs=None):
-    """Replaces the blobs of a LayerParameter with `arrays` (and gradients `diffs` if given)."""
+    """Replaces the blobs of a LayerParameter with host `arrays` (and gradients `diffs` if given)."""
     del layer.blobs[:]
     for i, a in enumerate(arrays):
         array_to_blobproto(a, None if diffs is None else diffs[i], blob=layer.blobs.add())
     return layer
 
 
-def net_param_with_weights(template, weights, diffs=None, phase=None):
-    """A copy of NetParameter `template` whose layers carry the blobs in `weights` (by layer name).
-
-    This is what a snapshot .caffemodel holds: every layer definition of the net plus its blobs.
-    Layers absent from `weights` keep no blobs. `phase` sets each layer's `phase` field, as Caffe's
-    Net::ToProto does.
-    """
-    net = caffe_pb2.NetParameter()
-    net.CopyFrom(template)
-    for layer in net.layer:
-        del layer.blobs[:]
-        if phase is not None:
-            layer.phase = phase
-        if layer.name in weights:
-            set_layer_blobs(layer, weights[layer.name], None if diffs is None else diffs.get(layer.name))
-    return net
-
-
-def weights_to_net_param(weights, name="", layer_types=None):
-    """A minimal NetParameter holding only names (and types if given) and blobs: enough for
-    Caffe's CopyTrainedLayersFrom, which matches layers by name."""
-    net = caffe_pb2.NetParameter(name=name)
-    for layer_name, arrays in weights.items():
-        layer = net.layer.add(name=layer_name)
-        if layer_types and layer_name in layer_types:
-            layer.type = layer_types[layer_name]
-        set_layer_blobs(layer, arrays)
-    return net
-
-
 def read_weights(path):
-    """{layer name: [arrays]} from a binary .caffemodel or an HDF5 .caffemodel.h5."""
+    """{layer name: [arrays]} of every layer with blobs in a binary .caffemodel or an HDF5 .caffemodel.h5."""
     path = os.fspath(path)
     if is_hdf5_file(path):
-        return read_hdf5_weights(path)
+        return {name: [blobs[i] for i in sorted(blobs)] for name, blobs in read_hdf5_weights(path).items() if blobs}
     return net_weights(read_net_binary(path))
 
 
@@ -394,12 +372,14 @@ def _h5py():
 
 
 def _numbered(group):
-    # Datasets are named "0", "1", ..., "10": order them by number, not by string.
-    return [group[k][()] for k in sorted(group.keys(), key=int)]
+    """{i: array} for the datasets of `group` named by a number ("0", "1", ..., "10")."""
+    return {int(k): group[k][()] for k in group if k.isdigit()}
 
 
 def write_hdf5_weights(path, weights, diffs=None):
-    """Caffe's HDF5 model layout: data/<layer>/<i> (and diff/<layer>/<i> when `diffs` is given)."""
+    """Caffe's HDF5 model layout (Net::ToHDF5): data/<layer>/<i> and, when `diffs` is given,
+    diff/<layer>/<i>. Both are (layer name, [host arrays]) pairs in net order; a None array is
+    not written (a blob the layer shares with another one)."""
     h5py = _h5py()
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
@@ -407,21 +387,23 @@ def write_hdf5_weights(path, weights, diffs=None):
                 if source is None:
                     continue
                 root = f.create_group(top, track_order=True)
-                for layer_name, arrays in source.items():
+                for layer_name, arrays in source:
                     g = root.create_group(layer_name)
                     for i, a in enumerate(arrays):
-                        g.create_dataset(str(i), data=numpy.asarray(a))
+                        if a is not None:
+                            g.create_dataset(str(i), data=numpy.asarray(a))
 
 
-def read_hdf5_weights(path, diff=False):
+def read_hdf5_weights(path):
+    """{layer name: {blob index: array}} from data/<layer>/<i> of a Caffe .caffemodel.h5, in the
+    file's order; a layer lacks the indices of the blobs it shares with another layer."""
     h5py = _h5py()
     path = os.fspath(path)
     try:
         with h5py.File(path, "r") as f:
-            top = "diff" if diff else "data"
-            if top not in f:
-                raise CaffeFormatError(f"{path}: HDF5 file has no '{top}' group (not a Caffe .caffemodel.h5)")
-            return {name: _numbered(g) for name, g in f[top].items() if len(g)}
+            if "data" not in f:
+                raise CaffeFormatError(f"{path}: HDF5 file has no 'data' group (not a Caffe .caffemodel.h5)")
+            return {name: _numbered(g) for name, g in f["data"].items() if isinstance(g, h5py.Group)}
     except (OSError, KeyError, ValueError) as e:
         if isinstance(e, CaffeFormatError):
             raise
@@ -455,8 +437,9 @@ def read_hdf5_solverstate(path):
             state.learned_net = name.decode("utf-8") if isinstance(name, bytes) else str(name)
             if "current_step" in f:
                 state.current_step = int(numpy.asarray(f["current_step"][()]).reshape(-1)[0])
-            for h in _numbered(f["history"]):
-                array_to_blobproto(h, blob=state.history.add())
+            history = _numbered(f["history"])
+            for i in sorted(history):
+                array_to_blobproto(history[i], blob=state.history.add())
             return state
     except (OSError, KeyError, ValueError) as e:
         raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 solver state: {_one_line(e)}") from None

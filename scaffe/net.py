@@ -12,8 +12,10 @@ callbacks run before a layer's forward, `on_grads_ready` callbacks after a layer
 """
 import os
 import time
+from dataclasses import dataclass, field
 
 import numpy
+from google.protobuf import text_format
 
 from scaffe import io as sio
 from scaffe.blob import Blob
@@ -25,8 +27,7 @@ from scaffe.proto import caffe_pb2
 
 log = get_logger(__name__)
 
-__all__ = ["Net", "NetError"]
-
+__all__ = ["Net", "NetError", "LayerRecord", "BlobRecord", "ParamRecord", "LearnableRecord"]
 
 
 def _phase_value(phase):
@@ -38,6 +39,56 @@ def _phase_value(phase):
         except KeyError:
             raise ValueError(f"unknown phase {phase!r}; use TRAIN or TEST") from None
     return int(phase)
+
+
+# ---------------------------------------------------------------- what the net holds
+
+@dataclass(eq=False)
+class LayerRecord:
+    """One layer and its wiring: the ids and Blobs of its bottoms and tops, which bottoms get a
+    gradient, whether it runs backward, its net param ids, and its (top index, weight) losses."""
+    name: str
+    layer: object
+    bottom_ids: list = field(default_factory=list)
+    top_ids: list = field(default_factory=list)
+    bottoms: list = field(default_factory=list)
+    tops: list = field(default_factory=list)
+    bottom_need_backward: list = field(default_factory=list)
+    need_backward: bool = False
+    param_ids: list = field(default_factory=list)
+    loss_tops: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class BlobRecord:
+    """One blob: its name, the Blob, whether a gradient reaches it, and its loss weight."""
+    name: str
+    blob: Blob
+    need_backward: bool = False
+    loss_weight: float = 0.0
+
+
+@dataclass(eq=False)
+class ParamRecord:
+    """One parameter blob of a layer (Caffe's params_): blob `index` of layer `layer_id`, owned
+    (`owner_id` -1) or shared from the net param `owner_id`, updated as learnable `learnable_id`."""
+    blob: Blob
+    layer_id: int
+    index: int
+    display_name: str
+    owner_id: int
+    learnable_id: int
+
+
+@dataclass(eq=False)
+class LearnableRecord:
+    """One parameter the solver updates (an owned one) with its multipliers; `has_*` say whether
+    a ParamSpec gave them, as a sharing layer may set a multiplier its owner left unset."""
+    blob: Blob
+    lr_mult: float
+    decay_mult: float
+    has_lr_mult: bool
+    has_decay_mult: bool
 
 
 # ---------------------------------------------------------------- the net
@@ -52,10 +103,13 @@ class Net:
     after the working directory (or `data_root`). `shard_rank`/`shard_count` are handed to
     layers that read a database, so each rank reads its own part.
 
+    What it holds: `layer_records`, `blob_records`, `param_records` (every parameter blob,
+    shared ones included) and `learnables` (the ones the solver updates, in Caffe's order, the
+    same order as solverstate history); Caffe's vectors (`layers`, `blob_names`, `top_vecs`,
+    `learnable_params`, `params_lr`, ...) are read from them.
+
     Running: `forward()` returns the total loss (sum of loss_weight * top), `backward()` fills
-    every gradient, `forward_backward()` does both. Parameters: `learnable_params` (Blobs, in
-    Caffe's order, the same order as solverstate history), with `params_lr` and
-    `params_weight_decay`.
+    every gradient, `forward_backward()` does both.
 
     Hooks for a distributed trainer (each a list of callables taking the layer index):
     `param_needed_hooks` run before layer i's forward, `grads_ready_hooks` after layer i's
@@ -70,7 +124,7 @@ class Net:
                  shard_rank=None, shard_count=None, data_root=None):
         self.source = source or "<net>"
         self.xp = xp
-        param = _copy(param)
+        param = sio.copy_message(param)
         phase = _phase_value(phase)
         if phase is not None:
             param.state.phase = phase
@@ -98,112 +152,61 @@ class Net:
         kwargs.setdefault("source", os.fspath(path))
         return cls(param, phase, stages, level, **kwargs)
 
+    # ------------------------------------------------------------ Caffe's vectors, read from the records
+
+    layers = property(lambda self: [r.layer for r in self.layer_records])
+    layer_names = property(lambda self: [r.name for r in self.layer_records])
+    bottom_vecs = property(lambda self: [r.bottoms for r in self.layer_records])
+    top_vecs = property(lambda self: [r.tops for r in self.layer_records])
+    bottom_id_vecs = property(lambda self: [r.bottom_ids for r in self.layer_records])
+    top_id_vecs = property(lambda self: [r.top_ids for r in self.layer_records])
+    bottom_need_backward = property(lambda self: [r.bottom_need_backward for r in self.layer_records])
+    layer_need_backward = property(lambda self: [r.need_backward for r in self.layer_records])
+    blobs_list = property(lambda self: [b.blob for b in self.blob_records])
+    blob_names = property(lambda self: [b.name for b in self.blob_records])
+    blob_loss_weights = property(lambda self: [b.loss_weight for b in self.blob_records])
+    learnable_params = property(lambda self: [p.blob for p in self.learnables])
+    params_lr = property(lambda self: [p.lr_mult for p in self.learnables])
+    params_weight_decay = property(lambda self: [p.decay_mult for p in self.learnables])
+
     # ------------------------------------------------------------ construction
 
     def _init(self, in_param):
         self.phase = in_param.state.phase
         filtered = filter_net(in_param, self.source)
-        log.info("Initializing net from parameters: \n%s", _short_text(filtered))
+        log.info("Initializing net from parameters: \n%s", text_format.MessageToString(filtered))
         param = insert_splits(filtered, self.source)
         self.name = param.name
         self.net_param = param
-        self.layers = []
-        self.layer_names = []
-        self.bottom_vecs, self.top_vecs = [], []
-        self.bottom_id_vecs, self.top_id_vecs = [], []
-        self.bottom_need_backward = []
-        self.layer_need_backward = []
-        self.blobs_list = []           # every blob, by blob id
-        self.blob_names = []
-        self.blob_need_backward = []
-        self.blob_loss_weights = []    # by blob id
-        self.params = []               # every param blob, shared ones included
-        self.param_id_vecs = []        # per layer: net param ids
-        self.param_owners = []         # per net param: -1 or the owner's net param id
-        self.param_layer_indices = []  # per net param: (layer id, param index in layer)
-        self.param_display_names = []
-        self._param_names_index = {}
-        self.learnable_params = []
-        self.learnable_param_ids = []  # per net param: its learnable param id
-        self.params_lr = []
-        self.params_weight_decay = []
-        self.has_params_lr = []
-        self.has_params_decay = []
+        self.layer_records, self.blob_records = [], []
+        self.param_records, self.learnables = [], []
         self.input_blob_ids = []
-        self._param_propagate_down = []
+        self._param_names_index = {}
         available = set()
         name_to_id = {}
         memory_used = 0
-
-        for layer_id, lp in enumerate(param.layer):
-            # A layer without a phase inherits the net's (Caffe does this before creating it).
-            if not lp.HasField("phase"):
-                lp.phase = self.phase
-            if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
-                raise NetError(f"{self.source}: layer '{lp.name}': propagate_down must be given either 0 or "
-                               f"{len(lp.bottom)} times (once per bottom), got {len(lp.propagate_down)}")
+        for lp in param.layer:
+            record = self._create_layer(lp)
+            self._wire(record, lp, available, name_to_id)
             try:
-                layer = create_layer(_copy(lp), lp.phase)
-            except ValueError as e:
-                raise NetError(self._where(lp, e)) from None
-            self._configure_layer(layer)
-            self.layers.append(layer)
-            self.layer_names.append(lp.name)
-            log.info("Creating Layer %s", lp.name)
-            self.bottom_vecs.append([])
-            self.top_vecs.append([])
-            self.bottom_id_vecs.append([])
-            self.top_id_vecs.append([])
-            self.bottom_need_backward.append([])
-            self.param_id_vecs.append([])
-            need_backward = False
-            for bottom_id in range(len(lp.bottom)):
-                blob_id = self._append_bottom(lp, layer_id, bottom_id, available, name_to_id)
-                need_backward |= self.blob_need_backward[blob_id]
-            for top_id in range(len(lp.top)):
-                self._append_top(lp, layer_id, top_id, available, name_to_id)
-                if lp.type == "Input":
-                    self.input_blob_ids.append(len(self.blobs_list) - 1)
-            # Layers that need more tops than written get anonymous ones nobody else can read.
-            if getattr(layer, "auto_top_blobs", lambda: False)():
-                needed = max(layer.min_num_top or 0, layer.exact_num_top or 0)
-                for top_id in range(len(lp.top), needed):
-                    self._append_top(lp, layer_id, top_id, None, None)
-            self._check_blob_counts(layer, lp)
-            bottom, top = self.bottom_vecs[layer_id], self.top_vecs[layer_id]
-            try:
-                layer.setup(bottom, top)
-                layer.reshape(bottom, top)
+                record.layer.setup(record.bottoms, record.tops)
+                record.layer.reshape(record.bottoms, record.tops)
             except NetError:
                 raise
             except (ValueError, KeyError, IndexError, TypeError, OSError, NotImplementedError, RuntimeError) as e:
                 raise NetError(self._where(lp, e)) from None
-            self._set_loss_weights(layer, lp, layer_id)
+            self._set_loss_weights(record, lp)
             log.info("Setting up %s", lp.name)
-            for top_id, blob in enumerate(top):
-                blob_id = self.top_id_vecs[layer_id][top_id]
+            for blob_id, blob in zip(record.top_ids, record.tops):
                 log.info("Top shape: %s", _shape_string(blob))
-                if self.blob_loss_weights[blob_id]:
-                    log.info("    with loss weight %s", fmt(self.blob_loss_weights[blob_id]))
+                if self.blob_records[blob_id].loss_weight:
+                    log.info("    with loss weight %s", fmt(self.blob_records[blob_id].loss_weight))
                 memory_used += blob.count
             log.info("Memory required for data: %d", memory_used * 4)
-            num_params = len(layer.blobs)
-            if len(lp.param) > num_params:
-                raise NetError(f"{self.source}: layer '{lp.name}': {len(lp.param)} param specs given but the "
-                               f"layer has only {num_params} parameter blobs")
-            propagate = []
-            for param_id in range(num_params):
-                spec = lp.param[param_id] if param_id < len(lp.param) else caffe_pb2.ParamSpec()
-                propagate.append(spec.lr_mult != 0)
-                need_backward |= spec.lr_mult != 0
-            self._param_propagate_down.append(propagate)
-            layer.param_propagate_down = list(propagate)
-            for param_id in range(num_params):
-                self._append_param(layer_id, param_id)
-            self.layer_need_backward.append(need_backward)
-            if need_backward:
-                for blob_id in self.top_id_vecs[layer_id]:
-                    self.blob_need_backward[blob_id] = True
+            self._append_params(record, lp)
+            if record.need_backward:
+                for blob_id in record.top_ids:
+                    self.blob_records[blob_id].need_backward = True
 
         self._prune_backward()
         if param.force_backward:
@@ -211,25 +214,25 @@ class Net:
         # Whatever no layer consumed is an output; Caffe lists them in name order (a std::set).
         self.output_blob_ids = [name_to_id[n] for n in sorted(available)]
         for blob_id in self.output_blob_ids:
-            log.info("This network produces output %s", self.blob_names[blob_id])
-        self.blobs = {name: self.blobs_list[i] for i, name in enumerate(self.blob_names)}
-        self.blob_names_index = {name: i for i, name in enumerate(self.blob_names)}
-        self.layer_names_index = {name: i for i, name in enumerate(self.layer_names)}
+            log.info("This network produces output %s", self.blob_records[blob_id].name)
+        self.blobs = {b.name: b.blob for b in self.blob_records}
+        self.blob_names_index = {b.name: i for i, b in enumerate(self.blob_records)}
+        self.layer_names_index = {r.name: i for i, r in enumerate(self.layer_records)}
         self._share_weights()
-        self._index_hooks()
-        # (top index, weight) per layer: what Caffe's Layer::Forward adds to the loss.
-        self._layer_loss_tops = [[(t, float(w)) for t, w in enumerate(layer.param.loss_weight) if w]
-                                 for layer in self.layers]
-        self._loss_tops = [(self.top_vecs[i][t], w) for i, tops in enumerate(self._layer_loss_tops) for t, w in tops]
         log.info("Network initialization done.")
 
-    def _where(self, lp, err):
-        msg = " ".join(str(err).split())
-        if f"'{lp.name}'" in msg or f'"{lp.name}"' in msg:
-            return f"{self.source}: {msg}"
-        return f"{self.source}: layer '{lp.name}' ({lp.type}): {msg}"
-
-    def _configure_layer(self, layer):
+    def _create_layer(self, lp):
+        """The record of a new layer built from LayerParameter `lp` (not wired yet)."""
+        # A layer without a phase inherits the net's (Caffe does this before creating it).
+        if not lp.HasField("phase"):
+            lp.phase = self.phase
+        if len(lp.propagate_down) and len(lp.propagate_down) != len(lp.bottom):
+            raise NetError(f"{self.source}: layer '{lp.name}': propagate_down must be given either 0 or "
+                           f"{len(lp.bottom)} times (once per bottom), got {len(lp.propagate_down)}")
+        try:
+            layer = create_layer(sio.copy_message(lp), lp.phase)
+        except ValueError as e:
+            raise NetError(self._where(lp, e)) from None
         # Attributes that data layers read before their first batch (scaffe.data.layer_support):
         # the rank's shard of the database, and a folder to try for relative data paths; the
         # net file's folder, so a net runs from any working directory (Caffe: only from its own).
@@ -238,11 +241,33 @@ class Net:
             layer.shard_count = int(self.shard_count)
         if self.data_root is not None and getattr(layer, "data_root", None) is None:
             layer.data_root = self.data_root
+        record = LayerRecord(lp.name, layer)
+        self.layer_records.append(record)
+        log.info("Creating Layer %s", lp.name)
+        return record
 
-    def _check_blob_counts(self, layer, lp):
-        nb, nt = len(self.bottom_vecs[-1]), len(self.top_vecs[-1])
-        checks = (("bottom", nb, layer.exact_num_bottom, layer.min_num_bottom, layer.max_num_bottom),
-                  ("top", nt, layer.exact_num_top, layer.min_num_top, layer.max_num_top))
+    def _where(self, lp, err):
+        msg = " ".join(str(err).split())
+        if f"'{lp.name}'" in msg or f'"{lp.name}"' in msg:
+            return f"{self.source}: {msg}"
+        return f"{self.source}: layer '{lp.name}' ({lp.type}): {msg}"
+
+    def _wire(self, record, lp, available, name_to_id):
+        """Connects the layer's bottoms and tops to the net's blobs, creating its new tops."""
+        for bottom_id in range(len(lp.bottom)):
+            self._append_bottom(record, lp, bottom_id, available, name_to_id)
+        for top_id in range(len(lp.top)):
+            self._append_top(record, lp, top_id, available, name_to_id)
+        if lp.type == "Input":
+            self.input_blob_ids.extend(record.top_ids)
+        # Layers that need more tops than written get anonymous ones nobody else can read.
+        layer = record.layer
+        if getattr(layer, "auto_top_blobs", lambda: False)():
+            needed = max(layer.min_num_top or 0, layer.exact_num_top or 0)
+            for top_id in range(len(lp.top), needed):
+                self._append_top(record, lp, top_id, None, None)
+        checks = (("bottom", len(record.bottoms), layer.exact_num_bottom, layer.min_num_bottom, layer.max_num_bottom),
+                  ("top", len(record.tops), layer.exact_num_top, layer.min_num_top, layer.max_num_top))
         for what, n, exact, lo, hi in checks:
             if exact is not None and exact >= 0 and n != exact:
                 raise NetError(f"{self.source}: layer '{lp.name}' ({lp.type}) takes exactly {exact} {what} blob(s), got {n}")
@@ -251,23 +276,22 @@ class Net:
             if hi is not None and hi >= 0 and n > hi:
                 raise NetError(f"{self.source}: layer '{lp.name}' ({lp.type}) takes at most {hi} {what} blob(s), got {n}")
 
-    def _append_bottom(self, lp, layer_id, bottom_id, available, name_to_id):
+    def _append_bottom(self, record, lp, bottom_id, available, name_to_id):
         blob_name = lp.bottom[bottom_id]
         if blob_name not in available:
             raise NetError(f"{self.source}: layer '{lp.name}': unknown bottom blob '{blob_name}' "
                            f"(bottom index {bottom_id}); no earlier layer produces it")
         blob_id = name_to_id[blob_name]
         log.info("%s <- %s", lp.name, blob_name)
-        self.bottom_vecs[layer_id].append(self.blobs_list[blob_id])
-        self.bottom_id_vecs[layer_id].append(blob_id)
+        blob = self.blob_records[blob_id]
+        record.bottom_ids.append(blob_id)
+        record.bottoms.append(blob.blob)
         available.discard(blob_name)
-        need = self.blob_need_backward[blob_id]
-        if len(lp.propagate_down):
-            need = bool(lp.propagate_down[bottom_id])
-        self.bottom_need_backward[layer_id].append(need)
-        return blob_id
+        need = bool(lp.propagate_down[bottom_id]) if len(lp.propagate_down) else blob.need_backward
+        record.bottom_need_backward.append(need)
+        record.need_backward |= blob.need_backward
 
-    def _append_top(self, lp, layer_id, top_id, available, name_to_id):
+    def _append_top(self, record, lp, top_id, available, name_to_id):
         blob_name = lp.top[top_id] if top_id < len(lp.top) else "(automatic)"
         if name_to_id is not None and top_id < len(lp.bottom) and blob_name == lp.bottom[top_id]:
             log.info("%s -> %s (in-place)", lp.name, blob_name)
@@ -277,164 +301,147 @@ class Net:
                            f"layer; in-place use must read and write it at the same index")
         else:
             log.info("%s -> %s", lp.name, blob_name)
-            blob_id = len(self.blobs_list)
-            self.blobs_list.append(Blob((), xp=self.xp))
-            self.blob_names.append(blob_name)
-            self.blob_need_backward.append(False)
-            self.blob_loss_weights.append(0.0)
+            blob_id = len(self.blob_records)
+            self.blob_records.append(BlobRecord(blob_name, Blob((), xp=self.xp)))
             if name_to_id is not None:
                 name_to_id[blob_name] = blob_id
-        self.top_id_vecs[layer_id].append(blob_id)
-        self.top_vecs[layer_id].append(self.blobs_list[blob_id])
+        record.top_ids.append(blob_id)
+        record.tops.append(self.blob_records[blob_id].blob)
         if available is not None:
             available.add(blob_name)
 
-    def _set_loss_weights(self, layer, lp, layer_id):
+    def _set_loss_weights(self, record, lp):
         # Loss layers weigh their first top by 1 unless told otherwise; Caffe records that weight
         # in the layer's own parameters, so it also appears in saved .caffemodel files.
+        layer = record.layer
         if layer.is_loss() and not len(layer.param.loss_weight):
             layer.param.loss_weight.append(1.0)
-        weights = list(layer.param.loss_weight)
-        tops = self.top_vecs[layer_id]
-        if weights and len(weights) != len(tops):
+        weights = [float(w) for w in layer.param.loss_weight]
+        if weights and len(weights) != len(record.tops):
             raise NetError(f"{self.source}: layer '{lp.name}': loss_weight must be given either 0 times or once "
-                           f"per top blob ({len(tops)}), got {len(weights)}")
-        for top_id, blob_id in enumerate(self.top_id_vecs[layer_id]):
-            w = float(weights[top_id]) if weights else 0.0
-            self.blob_loss_weights[blob_id] = w
+                           f"per top blob ({len(record.tops)}), got {len(weights)}")
+        for top_id, (blob_id, top) in enumerate(zip(record.top_ids, record.tops)):
+            w = weights[top_id] if weights else 0.0
+            self.blob_records[blob_id].loss_weight = w
             if w:
-                tops[top_id].diff[...] = w
+                top.diff[...] = w
+        # What Caffe's Layer::Forward adds to the loss.
+        record.loss_tops = [(top_id, w) for top_id, w in enumerate(weights) if w]
 
-    def _append_param(self, layer_id, param_id):
-        layer = self.layers[layer_id]
-        lp = layer.param  # the layer's own copy: layers such as BatchNorm add ParamSpecs to it
-        name = lp.param[param_id].name if param_id < len(lp.param) else ""
-        self.param_display_names.append(name or str(param_id))
-        net_param_id = len(self.params)
-        self.params.append(layer.blobs[param_id])
-        self.param_id_vecs[layer_id].append(net_param_id)
-        self.param_layer_indices.append((layer_id, param_id))
-        spec = lp.param[param_id] if param_id < len(lp.param) else caffe_pb2.ParamSpec()
-        if not name or name not in self._param_names_index:
-            self.param_owners.append(-1)
+    def _append_params(self, record, lp):
+        layer = record.layer
+        num_params = len(layer.blobs)
+        if len(lp.param) > num_params:
+            raise NetError(f"{self.source}: layer '{lp.name}': {len(lp.param)} param specs given but the "
+                           f"layer has only {num_params} parameter blobs")
+        # Caffe never computes gradients for lr_mult 0 blobs (see _backward_layer).
+        propagate = [(lp.param[k] if k < len(lp.param) else caffe_pb2.ParamSpec()).lr_mult != 0
+                     for k in range(num_params)]
+        record.need_backward |= any(propagate)
+        layer.param_propagate_down = propagate
+        for index in range(num_params):
+            self._append_param(record, index)
+
+    def _append_param(self, record, index):
+        layer_id = len(self.layer_records) - 1
+        lp = record.layer.param  # the layer's own copy: layers such as BatchNorm add ParamSpecs to it
+        spec = lp.param[index] if index < len(lp.param) else caffe_pb2.ParamSpec()
+        name = spec.name
+        net_param_id = len(self.param_records)
+        record.param_ids.append(net_param_id)
+        blob = record.layer.blobs[index]
+        owner_id = self._param_names_index.get(name, -1) if name else -1
+        if owner_id < 0:
             if name:
                 self._param_names_index[name] = net_param_id
-            self.learnable_param_ids.append(len(self.learnable_params))
-            self.learnable_params.append(layer.blobs[param_id])
-            self.has_params_lr.append(spec.HasField("lr_mult"))
-            self.has_params_decay.append(spec.HasField("decay_mult"))
-            self.params_lr.append(float(spec.lr_mult))
-            self.params_weight_decay.append(float(spec.decay_mult))
-            return
-        owner_id = self._param_names_index[name]
-        self.param_owners.append(owner_id)
-        owner_layer, owner_param = self.param_layer_indices[owner_id]
-        log.info("Sharing parameters '%s' owned by layer '%s', param index %d", name,
-                 self.layer_names[owner_layer], owner_param)
-        this_blob = layer.blobs[param_id]
-        owner_blob = self.layers[owner_layer].blobs[owner_param]
-        permissive = (param_id < len(lp.param) and lp.param[param_id].share_mode == caffe_pb2.ParamSpec.PERMISSIVE)
-        if permissive and this_blob.count != owner_blob.count:
+            learnable_id = len(self.learnables)
+            self.learnables.append(LearnableRecord(blob, float(spec.lr_mult), float(spec.decay_mult),
+                                                   spec.HasField("lr_mult"), spec.HasField("decay_mult")))
+        else:
+            learnable_id = self._check_sharing(lp, spec, blob, self.param_records[owner_id])
+        self.param_records.append(ParamRecord(blob, layer_id, index, name or str(index), owner_id, learnable_id))
+
+    def _check_sharing(self, lp, spec, blob, owner):
+        """The learnable id of `owner`, after checking that `blob` may share it as `spec` asks."""
+        name = spec.name
+        owner_layer = self.layer_records[owner.layer_id].name
+        log.info("Sharing parameters '%s' owned by layer '%s', param index %d", name, owner_layer, owner.index)
+        shapes = f"owner shape {_shape_string(owner.blob)}, this shape {_shape_string(blob)}"
+        if spec.share_mode == caffe_pb2.ParamSpec.PERMISSIVE and blob.count != owner.blob.count:
             raise NetError(f"{self.source}: layer '{lp.name}': cannot share param '{name}' owned by layer "
-                           f"'{self.layer_names[owner_layer]}': count mismatch, owner shape "
-                           f"{_shape_string(owner_blob)}, this shape {_shape_string(this_blob)}")
-        if not permissive and this_blob.shape != owner_blob.shape:
+                           f"'{owner_layer}': count mismatch, {shapes}")
+        if spec.share_mode != caffe_pb2.ParamSpec.PERMISSIVE and blob.shape != owner.blob.shape:
             raise NetError(f"{self.source}: layer '{lp.name}': cannot share param '{name}' owned by layer "
-                           f"'{self.layer_names[owner_layer]}': shape mismatch, owner shape "
-                           f"{_shape_string(owner_blob)}, this shape {_shape_string(this_blob)}; "
-                           f"use share_mode: PERMISSIVE to require only equal counts")
-        learnable_id = self.learnable_param_ids[owner_id]
-        self.learnable_param_ids.append(learnable_id)
-        for has, values, field in ((self.has_params_lr, self.params_lr, "lr_mult"),
-                                   (self.has_params_decay, self.params_weight_decay, "decay_mult")):
-            if spec.HasField(field):
-                value = float(getattr(spec, field))
-                if has[learnable_id]:
-                    if value != values[learnable_id]:
-                        raise NetError(f"{self.source}: layer '{lp.name}': shared param '{name}' has mismatched "
-                                       f"{field} ({fmt(value)} here, {fmt(values[learnable_id])} at its owner)")
-                else:
-                    has[learnable_id] = True
-                    values[learnable_id] = value
+                           f"'{owner_layer}': shape mismatch, {shapes}; use share_mode: PERMISSIVE to require "
+                           f"only equal counts")
+        # A multiplier set at the owner must agree; one the owner left unset is taken from here.
+        learnable = self.learnables[owner.learnable_id]
+        for multiplier in ("lr_mult", "decay_mult"):
+            if not spec.HasField(multiplier):
+                continue
+            value = float(getattr(spec, multiplier))
+            if not getattr(learnable, f"has_{multiplier}"):
+                setattr(learnable, f"has_{multiplier}", True)
+                setattr(learnable, multiplier, value)
+            elif value != getattr(learnable, multiplier):
+                raise NetError(f"{self.source}: layer '{lp.name}': shared param '{name}' has mismatched "
+                               f"{multiplier} ({fmt(value)} here, {fmt(getattr(learnable, multiplier))} at its owner)")
+        return owner.learnable_id
 
     def _prune_backward(self):
         """Caffe's backward pass over the graph: only layers whose tops lead to a loss run
         backward, and a layer all of whose tops skip propagation skips backward too."""
         under_loss, skip_backprop = set(), set()
-        for layer_id in range(len(self.layers) - 1, -1, -1):
+        for record in reversed(self.layer_records):
+            loss_top_ids = {top_id for top_id, _ in record.loss_tops}
             contributes = False
             skip = True
-            for top_id, blob_id in enumerate(self.top_id_vecs[layer_id]):
-                name = self.blob_names[blob_id]
-                if self._layer_loss(layer_id, top_id) or name in under_loss:
+            for top_id, blob_id in enumerate(record.top_ids):
+                name = self.blob_records[blob_id].name
+                if top_id in loss_top_ids or name in under_loss:
                     contributes = True
                 if name not in skip_backprop:
                     skip = False
                 if contributes and not skip:
                     break
-            if self.layer_need_backward[layer_id] and skip:
-                self.layer_need_backward[layer_id] = False
-                self.bottom_need_backward[layer_id] = [False] * len(self.bottom_need_backward[layer_id])
+            if record.need_backward and skip:
+                record.need_backward = False
+                record.bottom_need_backward = [False] * len(record.bottom_need_backward)
             if not contributes:
-                self.layer_need_backward[layer_id] = False
-            log.info("%s %s", self.layer_names[layer_id],
-                     "needs backward computation." if self.layer_need_backward[layer_id]
+                record.need_backward = False
+            log.info("%s %s", record.name, "needs backward computation." if record.need_backward
                      else "does not need backward computation.")
-            for bottom_id, blob_id in enumerate(self.bottom_id_vecs[layer_id]):
+            for bottom_id, blob_id in enumerate(record.bottom_ids):
+                name = self.blob_records[blob_id].name
                 if contributes:
-                    under_loss.add(self.blob_names[blob_id])
+                    under_loss.add(name)
                 else:
-                    self.bottom_need_backward[layer_id][bottom_id] = False
-                if not self.bottom_need_backward[layer_id][bottom_id]:
-                    skip_backprop.add(self.blob_names[blob_id])
-
-    def _layer_loss(self, layer_id, top_id):
-        weights = self.layers[layer_id].param.loss_weight
-        return top_id < len(weights) and weights[top_id] != 0
+                    record.bottom_need_backward[bottom_id] = False
+                if not record.bottom_need_backward[bottom_id]:
+                    skip_backprop.add(name)
 
     def _force_backward(self):
-        for layer_id, layer in enumerate(self.layers):
-            self.layer_need_backward[layer_id] = True
-            for bottom_id, blob_id in enumerate(self.bottom_id_vecs[layer_id]):
-                need = self.bottom_need_backward[layer_id][bottom_id] or layer.allow_force_backward(bottom_id)
-                self.bottom_need_backward[layer_id][bottom_id] = need
-                self.blob_need_backward[blob_id] = self.blob_need_backward[blob_id] or need
-            self._param_propagate_down[layer_id] = [True] * len(layer.blobs)
-            layer.param_propagate_down = [True] * len(layer.blobs)
+        for record in self.layer_records:
+            record.need_backward = True
+            for bottom_id, blob_id in enumerate(record.bottom_ids):
+                need = record.bottom_need_backward[bottom_id] or record.layer.allow_force_backward(bottom_id)
+                record.bottom_need_backward[bottom_id] = need
+                self.blob_records[blob_id].need_backward = self.blob_records[blob_id].need_backward or need
+            record.layer.param_propagate_down = [True] * len(record.layer.blobs)
 
     def _share_weights(self):
-        # A sharing layer sees its owner's arrays; its list entry becomes the owner's Blob too,
-        # so code that walks layer.blobs and code holding the old Blob agree.
-        for net_param_id, owner_id in enumerate(self.param_owners):
-            if owner_id < 0:
+        # A sharing layer's blob views its owner's arrays (reshaped where PERMISSIVE sharing
+        # let the shapes differ), so forward reads and backward accumulates into one array.
+        for param in self.param_records:
+            if param.owner_id < 0:
                 continue
-            layer_id, param_id = self.param_layer_indices[net_param_id]
-            owner_layer, owner_param = self.param_layer_indices[owner_id]
-            owner = self.layers[owner_layer].blobs[owner_param]
-            mine = self.layers[layer_id].blobs[param_id]
+            owner, mine = self.param_records[param.owner_id].blob, param.blob
             if mine.shape != owner.shape:
                 mine.data = owner.data.reshape(mine.shape)
                 mine.diff = owner.diff.reshape(mine.shape)
             else:
                 mine.share_data(owner)
                 mine.share_diff(owner)
-            self.params[net_param_id] = mine
-
-    def _index_hooks(self):
-        """Which learnable params each layer needs first in forward and completes in backward."""
-        first_use, last_grad = {}, {}
-        for layer_id, ids in enumerate(self.param_id_vecs):
-            for net_param_id in ids:
-                lid = self.learnable_param_ids[net_param_id]
-                first_use.setdefault(lid, layer_id)
-                # Backward runs from the last layer down, so the lowest user completes the gradient.
-                last_grad[lid] = min(last_grad.get(lid, layer_id), layer_id)
-        self._needed_at = [[] for _ in self.layers]
-        self._ready_at = [[] for _ in self.layers]
-        for lid in range(len(self.learnable_params)):
-            if lid in first_use:
-                self._needed_at[first_use[lid]].append(lid)
-                self._ready_at[last_grad[lid]].append(lid)
 
     # ------------------------------------------------------------ running
 
@@ -448,16 +455,22 @@ class Net:
             self.layer_timed_hooks.append(on_layer_timed)
 
     def params_needed_at(self, layer_id):
-        """Learnable param ids first used by layer `layer_id` in forward (so must be present then)."""
-        return list(self._needed_at[layer_id])
+        """Learnable param ids first used by layer `layer_id` in forward (so must be present then):
+        the ones it owns, since a layer shares only params that an earlier layer owns."""
+        return self._owned_learnable_ids(layer_id)
 
     def grads_ready_at(self, layer_id):
-        """Learnable param ids whose gradient is complete once layer `layer_id` has run backward."""
-        return list(self._ready_at[layer_id])
+        """Learnable param ids whose gradient is complete once layer `layer_id` has run backward:
+        the ones it owns, as backward reaches the owner after every layer sharing them."""
+        return self._owned_learnable_ids(layer_id)
+
+    def _owned_learnable_ids(self, layer_id):
+        params = (self.param_records[i] for i in self.layer_records[layer_id].param_ids)
+        return [p.learnable_id for p in params if p.owner_id < 0]
 
     def layer_learnable_ids(self, layer_id):
         """Learnable param ids of layer `layer_id`'s blobs, in the layer's blob order."""
-        return [self.learnable_param_ids[p] for p in self.param_id_vecs[layer_id]]
+        return [self.param_records[i].learnable_id for i in self.layer_records[layer_id].param_ids]
 
     def forward_from_to(self, start, end):
         """Runs layers start..end (inclusive) forward; returns the loss they produced."""
@@ -466,41 +479,41 @@ class Net:
         for i in range(start, end + 1):
             for hook in self.param_needed_hooks:
                 hook(i)
-            layer, bottom, top = self.layers[i], self.bottom_vecs[i], self.top_vecs[i]
+            record = self.layer_records[i]
             if timed:
                 began = self._clock()
-            layer.reshape(bottom, top)
-            layer.forward(bottom, top)
+            record.layer.reshape(record.bottoms, record.tops)
+            record.layer.forward(record.bottoms, record.tops)
             if timed:
                 ended = self._clock()
                 for hook in timed:
                     hook(i, "forward", began, ended)
-            for top_id, w in self._layer_loss_tops[i]:
-                loss += w * float(top[top_id].data.sum(dtype=numpy.float64))
+            for top_id, w in record.loss_tops:
+                loss += w * float(record.tops[top_id].data.sum(dtype=numpy.float64))
         return loss
 
     def forward(self, start=None, end=None):
         """Forward over the whole net (or layers start..end); returns the total loss."""
         start = 0 if start is None else start
-        end = len(self.layers) - 1 if end is None else end
+        end = len(self.layer_records) - 1 if end is None else end
         return self.forward_from_to(start, end)
 
     def reshape(self):
         """Caffe's Net::Reshape: every layer reshapes its tops from its bottoms (after an input blob
         was reshaped), without running forward."""
-        for layer, bottom, top in zip(self.layers, self.bottom_vecs, self.top_vecs):
-            layer.reshape(bottom, top)
+        for record in self.layer_records:
+            record.layer.reshape(record.bottoms, record.tops)
 
     def backward_from_to(self, start, end):
         """Runs layers start down to end (inclusive) backward."""
-        if start == len(self.layers) - 1:
+        if start == len(self.layer_records) - 1:
             self._reset_loss_diffs()
         timed = self.layer_timed_hooks
         for i in range(start, end - 1, -1):
-            if self.layer_need_backward[i]:
+            if self.layer_records[i].need_backward:
                 if timed:
                     began = self._clock()
-                self._backward_layer(i)
+                self._backward_layer(self.layer_records[i])
                 if timed:
                     ended = self._clock()
                     for hook in timed:
@@ -515,24 +528,26 @@ class Net:
             self.xp.cuda.get_current_stream().synchronize()
         return time.perf_counter()
 
-    def _backward_layer(self, i):
-        layer = self.layers[i]
-        frozen = [k for k, p in enumerate(self._param_propagate_down[i]) if not p]
+    @staticmethod
+    def _backward_layer(record):
+        layer = record.layer
+        frozen = [k for k, p in enumerate(layer.param_propagate_down) if not p]
         # Caffe never computes gradients for lr_mult 0 blobs; a layer that computes them anyway
         # must not change them, or gradient clipping would see a different global norm.
         saved = [layer.blobs[k].diff.copy() for k in frozen]
-        layer.backward(self.top_vecs[i], self.bottom_need_backward[i], self.bottom_vecs[i])
+        layer.backward(record.tops, record.bottom_need_backward, record.bottoms)
         for k, d in zip(frozen, saved):
             layer.blobs[k].diff[...] = d
 
     def _reset_loss_diffs(self):
         # The loss weight lives in the loss top's diff (Caffe's loss multiplier); put it back in
         # case a reshape reallocated the blob since the last pass.
-        for blob, w in self._loss_tops:
-            blob.diff[...] = w
+        for record in self.layer_records:
+            for top_id, w in record.loss_tops:
+                record.tops[top_id].diff[...] = w
 
     def backward(self):
-        self.backward_from_to(len(self.layers) - 1, 0)
+        self.backward_from_to(len(self.layer_records) - 1, 0)
 
     def forward_backward(self):
         loss = self.forward()
@@ -540,44 +555,44 @@ class Net:
         return loss
 
     def clear_param_diffs(self):
-        for blob in self.learnable_params:
-            blob.diff[...] = 0
+        for learnable in self.learnables:
+            learnable.blob.diff[...] = 0
 
     def update(self):
         """Caffe's Net::Update: data -= diff for every learnable blob (the solver put the step in diff)."""
-        for blob in self.learnable_params:
-            blob.data -= blob.diff
+        for learnable in self.learnables:
+            learnable.blob.data -= learnable.blob.diff
 
     # ------------------------------------------------------------ outputs
 
     @property
     def output_blobs(self):
-        return [self.blobs_list[i] for i in self.output_blob_ids]
+        return [self.blob_records[i].blob for i in self.output_blob_ids]
 
     @property
     def output_names(self):
-        return [self.blob_names[i] for i in self.output_blob_ids]
+        return [self.blob_records[i].name for i in self.output_blob_ids]
 
     @property
     def input_blobs(self):
-        return [self.blobs_list[i] for i in self.input_blob_ids]
+        return [self.blob_records[i].blob for i in self.input_blob_ids]
 
     def outputs(self):
         """{output name: numpy array copy} of the net outputs after the last forward."""
-        return {self.blob_names[i]: _to_numpy(self.blobs_list[i].data).copy() for i in self.output_blob_ids}
+        return {name: sio.to_host(blob.data).copy() for name, blob in zip(self.output_names, self.output_blobs)}
 
     def loss_weight(self, blob_name):
-        return self.blob_loss_weights[self.blob_names_index[blob_name]]
+        return self.blob_records[self.blob_names_index[blob_name]].loss_weight
 
     def layer(self, name):
-        return self.layers[self.layer_names_index[name]]
+        return self.layer_records[self.layer_names_index[name]].layer
 
     @property
     def batch_size(self):
         """Samples per forward pass: the first axis of the first top of the first data layer."""
-        for layer_id, bottoms in enumerate(self.bottom_vecs):
-            if not bottoms and self.top_vecs[layer_id] and self.top_vecs[layer_id][0].shape:
-                return int(self.top_vecs[layer_id][0].shape[0])
+        for record in self.layer_records:
+            if not record.bottoms and record.tops and record.tops[0].shape:
+                return int(record.tops[0].shape[0])
         return 1
 
     # ------------------------------------------------------------ weights in and out
@@ -585,104 +600,98 @@ class Net:
     def copy_trained_layers_from(self, source):
         """Copies blobs from a NetParameter, a .caffemodel path or a .caffemodel.h5 path into the
         layers of the same name (Caffe's CopyTrainedLayersFrom); other layers keep their values."""
-        where = "<NetParameter>" if isinstance(source, caffe_pb2.NetParameter) else os.fspath(source)
-        copied = self._copy_trained_layers(source)
+        if isinstance(source, caffe_pb2.NetParameter):
+            where = "<NetParameter>"
+            copied = self._copy_from_param(source, where)
+        else:
+            where = os.fspath(source)
+            copied = self._copy_from_file(where)
         # Caffe is silent here, but a renamed or misspelt layer then trains from its fillers unnoticed.
-        missing = [name for layer_id, (name, layer) in enumerate(zip(self.layer_names, self.layers))
-                   if layer.blobs and name not in copied
-                   and any(self.param_owners[p] < 0 for p in self.param_id_vecs[layer_id])]
+        missing = [record.name for record in self.layer_records
+                   if record.layer.blobs and record.name not in copied
+                   and any(self.param_records[p].owner_id < 0 for p in record.param_ids)]
         if missing:
             log.warning("%s has no weights for layer(s) %s of %s: they keep their filler values",
                         where, ", ".join(f"'{n}'" for n in missing), self.source)
 
-    def _copy_trained_layers(self, source):
-        """Names of the layers copied from `source`."""
-        if isinstance(source, caffe_pb2.NetParameter):
-            return self._copy_from_param(source, "<NetParameter>")
-        path = os.fspath(source)
+    def _copy_from_file(self, path):
+        """Names of the layers copied from the .caffemodel or .caffemodel.h5 file `path`."""
         if not os.path.exists(path):
             raise NetError(f"{path}: no such weights file")
-        if sio.is_hdf5_file(path):
-            return self._copy_from_hdf5(path)
         try:
-            param = sio.read_net_binary(path)
+            if sio.is_hdf5_file(path):
+                return self._copy_from_hdf5(sio.read_hdf5_weights(path), path)
+            return self._copy_from_param(sio.read_net_binary(path), path)
         except sio.CaffeFormatError as e:
             raise NetError(str(e)) from None
-        return self._copy_from_param(param, path)
 
     def _copy_from_param(self, param, where):
         copied = set()
-        layers = list(param.layer) if len(param.layer) else list(param.layers)
-        for source_layer in layers:
-            name = source_layer.name
-            if name not in self.layer_names_index:
-                log.info("Ignoring source layer %s", name)
+        for source_layer in sio.model_layers(param):
+            name, stored = source_layer.name, source_layer.blobs
+            target = self._target_blobs(name)
+            if target is None:
                 continue
-            target = self.layers[self.layer_names_index[name]].blobs
-            if len(target) != len(source_layer.blobs):
-                raise NetError(f"{where}: layer '{name}' has {len(source_layer.blobs)} blobs in the file but "
-                               f"{len(target)} in the net ({self.source}): incompatible number of blobs")
-            for j, (blob, stored) in enumerate(zip(target, source_layer.blobs)):
-                if not sio.blobproto_matches_shape(stored, blob.shape):
-                    raise NetError(
-                        f"{where}: cannot copy param {j} of layer '{name}': shape mismatch, file has "
-                        f"{_shape_str(sio.blobproto_shape(stored))}, net ({self.source}) has {_shape_string(blob)}; "
-                        f"rename the layer to learn its parameters from scratch")
-                values = sio.blobproto_to_array(stored, shape=blob.shape)
+            if len(target) != len(stored):
+                raise self._count_mismatch(where, name, len(stored), target)
+            for j, (blob, blob_proto) in enumerate(zip(target, stored)):
+                if not sio.blobproto_matches_shape(blob_proto, blob.shape):
+                    raise self._shape_mismatch(where, name, j, sio.blobproto_shape(blob_proto), blob)
+                _assign(blob.data, sio.blobproto_to_array(blob_proto, shape=blob.shape))
+            copied.add(name)
+        return copied
+
+    def _copy_from_hdf5(self, weights, path):
+        copied = set()
+        for name, stored in weights.items():
+            target = self._target_blobs(name)
+            if target is None:
+                continue
+            if len(stored) > len(target):
+                raise self._count_mismatch(path, name, len(stored), target)
+            param_ids = self.layer_records[self.layer_names_index[name]].param_ids
+            for j, blob in enumerate(target):
+                if j not in stored:
+                    # Missing in the file is fine only for blobs shared from another layer.
+                    if self.param_records[param_ids[j]].owner_id >= 0:
+                        continue
+                    raise NetError(f"{path}: layer '{name}' lacks blob {j}: incompatible number of blobs")
+                values = numpy.asarray(stored[j])
+                if tuple(values.shape) != blob.shape:
+                    raise self._shape_mismatch(path, name, j, values.shape, blob)
                 _assign(blob.data, values)
             copied.add(name)
         return copied
 
-    def _copy_from_hdf5(self, path):
-        import h5py
-        copied = set()
-        try:
-            with h5py.File(path, "r") as f:
-                if "data" not in f:
-                    raise NetError(f"{path}: HDF5 file has no 'data' group (not a Caffe .caffemodel.h5)")
-                data = f["data"]
-                for name in data:
-                    if name not in self.layer_names_index:
-                        log.info("Ignoring source layer %s", name)
-                        continue
-                    layer_id = self.layer_names_index[name]
-                    target = self.layers[layer_id].blobs
-                    group = data[name]
-                    if len(group) > len(target):
-                        raise NetError(f"{path}: layer '{name}' has {len(group)} blobs in the file but "
-                                       f"{len(target)} in the net ({self.source}): incompatible number of blobs")
-                    for j, blob in enumerate(target):
-                        if str(j) not in group:
-                            # Missing in the file is fine only for blobs shared from another layer.
-                            if self.param_owners[self.param_id_vecs[layer_id][j]] >= 0:
-                                continue
-                            raise NetError(f"{path}: layer '{name}' lacks blob {j}: incompatible number of blobs")
-                        values = numpy.asarray(group[str(j)][()])
-                        if tuple(values.shape) != blob.shape:
-                            raise NetError(
-                                f"{path}: cannot copy param {j} of layer '{name}': shape mismatch, file has "
-                                f"{_shape_str(values.shape)}, net ({self.source}) has {_shape_string(blob)}; "
-                                f"rename the layer to learn its parameters from scratch")
-                        _assign(blob.data, values)
-                    copied.add(name)
-        except OSError as e:
-            raise NetError(f"{path}: cannot read as a Caffe HDF5 model: {' '.join(str(e).split())}") from None
-        return copied
+    def _target_blobs(self, name):
+        """The blobs of this net's layer `name`, or None (said in the log) if it has none of that name."""
+        if name not in self.layer_names_index:
+            log.info("Ignoring source layer %s", name)
+            return None
+        return self.layer_records[self.layer_names_index[name]].layer.blobs
+
+    def _count_mismatch(self, where, name, stored_count, target):
+        return NetError(f"{where}: layer '{name}' has {stored_count} blobs in the file but {len(target)} in the "
+                        f"net ({self.source}): incompatible number of blobs")
+
+    def _shape_mismatch(self, where, name, j, stored_shape, blob):
+        return NetError(f"{where}: cannot copy param {j} of layer '{name}': shape mismatch, file has "
+                        f"{_shape_str(stored_shape)}, net ({self.source}) has {_shape_string(blob)}; "
+                        f"rename the layer to learn its parameters from scratch")
 
     def share_trained_layers_with(self, other):
         """Makes this net's layers use the parameter arrays of `other`'s layers of the same name
         (Caffe's ShareTrainedLayersWith: how a solver's test nets see the training weights)."""
-        for layer_id, name in enumerate(other.layer_names):
-            if name not in self.layer_names_index:
+        for record in other.layer_records:
+            if record.name not in self.layer_names_index:
                 continue
-            source = other.layers[layer_id].blobs
-            target = self.layers[self.layer_names_index[name]].blobs
+            source, target = record.layer.blobs, self.layer(record.name).blobs
             if len(source) != len(target):
-                raise NetError(f"{self.source}: layer '{name}' has {len(target)} blobs here but {len(source)} "
+                raise NetError(f"{self.source}: layer '{record.name}' has {len(target)} blobs here but {len(source)} "
                                f"in the training net: incompatible number of blobs")
             for j, (s, t) in enumerate(zip(source, target)):
                 if s.shape != t.shape:
-                    raise NetError(f"{self.source}: cannot share param {j} of layer '{name}': shape mismatch, "
+                    raise NetError(f"{self.source}: cannot share param {j} of layer '{record.name}': shape mismatch, "
                                    f"{_shape_string(s)} in the training net vs {_shape_string(t)}")
                 t.share_data(s)
 
@@ -691,13 +700,12 @@ class Net:
         Net::ToProto writes into a .caffemodel."""
         out = caffe_pb2.NetParameter()
         out.name = self.name
-        for layer in self.layers:
+        for record in self.layer_records:
             lp = out.layer.add()
-            lp.CopyFrom(layer.param)
-            del lp.blobs[:]
-            for blob in layer.blobs:
-                sio.array_to_blobproto(_to_numpy(blob.data), _to_numpy(blob.diff) if write_diff else None,
-                                       blob=lp.blobs.add())
+            lp.CopyFrom(record.layer.param)
+            blobs = record.layer.blobs
+            sio.set_layer_blobs(lp, [sio.to_host(b.data) for b in blobs],
+                                [sio.to_host(b.diff) for b in blobs] if write_diff else None)
         return out
 
     def save(self, path, write_diff=False):
@@ -707,26 +715,18 @@ class Net:
     def save_hdf5(self, path, write_diff=False):
         """Caffe's Net::ToHDF5 layout: data/<layer>/<i> for blobs a layer owns (shared ones are
         skipped), diff/<layer>/<i> for every blob when `write_diff`."""
-        import h5py
-        with sio.atomic_path(path) as tmp:
-            with h5py.File(tmp, "w") as f:
-                data = f.create_group("data", track_order=True)
-                diff = f.create_group("diff", track_order=True) if write_diff else None
-                for layer_id, layer in enumerate(self.layers):
-                    g = data.create_group(layer.name)
-                    gd = diff.create_group(layer.name) if write_diff else None
-                    for j, blob in enumerate(layer.blobs):
-                        if self.param_owners[self.param_id_vecs[layer_id][j]] < 0:
-                            g.create_dataset(str(j), data=_to_numpy(blob.data))
-                        if write_diff:
-                            gd.create_dataset(str(j), data=_to_numpy(blob.diff))
+        data = [(record.name, [sio.to_host(self.param_records[p].blob.data) if self.param_records[p].owner_id < 0
+                               else None for p in record.param_ids]) for record in self.layer_records]
+        diff = [(record.name, [sio.to_host(blob.diff) for blob in record.layer.blobs])
+                for record in self.layer_records] if write_diff else None
+        sio.write_hdf5_weights(path, data, diff)
 
     # ------------------------------------------------------------ reporting
 
     def close(self):
         """Stops data reader threads and closes databases; the net cannot run afterwards."""
-        for layer in self.layers:
-            close = getattr(layer, "close", None)
+        for record in self.layer_records:
+            close = getattr(record.layer, "close", None)
             if callable(close):
                 close()
 
@@ -740,23 +740,12 @@ class Net:
     def describe(self):
         """One line per layer: index, name, type, bottoms -> tops, backward flag (for debugging)."""
         lines = []
-        for i, layer in enumerate(self.layers):
-            b = ", ".join(self.blob_names[j] for j in self.bottom_id_vecs[i])
-            t = ", ".join(self.blob_names[j] for j in self.top_id_vecs[i])
-            lines.append(f"{i:3d} {layer.name} ({layer.param.type}) [{b}] -> [{t}]"
-                         f"{' backward' if self.layer_need_backward[i] else ''}")
+        for i, record in enumerate(self.layer_records):
+            b = ", ".join(self.blob_records[j].name for j in record.bottom_ids)
+            t = ", ".join(self.blob_records[j].name for j in record.top_ids)
+            lines.append(f"{i:3d} {record.name} ({record.layer.param.type}) [{b}] -> [{t}]"
+                         f"{' backward' if record.need_backward else ''}")
         return "\n".join(lines)
-
-
-def _copy(msg):
-    out = type(msg)()
-    out.CopyFrom(msg)
-    return out
-
-
-def _short_text(param):
-    from google.protobuf import text_format
-    return text_format.MessageToString(param)
 
 
 def _shape_str(shape):
@@ -767,10 +756,6 @@ def _shape_str(shape):
 
 def _shape_string(blob):
     return _shape_str(blob.shape)
-
-
-def _to_numpy(a):
-    return a if isinstance(a, numpy.ndarray) else a.get()
 
 
 def _assign(dest, values):

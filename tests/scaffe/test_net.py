@@ -191,8 +191,8 @@ def test_param_sharing_shares_arrays_and_sums_gradients():
     except NetError as e:
         pytest.skip(f"layer type not implemented yet: {e}")
     a, b = net.layer("a"), net.layer("b")
-    assert len(net.learnable_params) == 2 and len(net.params) == 4
-    assert net.param_owners == [-1, -1, 0, 1]
+    assert len(net.learnable_params) == 2 and len(net.param_records) == 4
+    assert [p.owner_id for p in net.param_records] == [-1, -1, 0, 1]
     assert net.params_lr == [3.0, 1.0] and net.params_weight_decay == [0.5, 1.0]
     assert a.blobs[0].data is b.blobs[0].data or np.shares_memory(a.blobs[0].data, b.blobs[0].data)
     _set_inputs(net)

@@ -100,7 +100,9 @@ def test_caffemodels_round_trip_byte_for_byte(name):
     assert len(net.layer) == 84 and unknown_field_paths(net) == []
     assert net.SerializeToString() == raw
     # Rebuilding the blobs from numpy through the fast packed path gives the same bytes.
-    rebuilt = io.net_param_with_weights(net, io.net_weights(net))
+    rebuilt = io.copy_message(net)
+    for layer in rebuilt.layer:
+        io.set_layer_blobs(layer, [io.blobproto_to_array(b) for b in layer.blobs])
     assert rebuilt.SerializeToString() == raw
 
 
@@ -174,7 +176,7 @@ def test_hdf5_model_layout_and_round_trip(tmp_path):
     h5py = pytest.importorskip("h5py")
     weights = io.read_weights(REF / "layer_zoo_init.caffemodel")
     path = tmp_path / "m.caffemodel.h5"
-    io.write_hdf5_weights(path, weights)
+    io.write_hdf5_weights(path, weights.items())
     with h5py.File(path, "r") as f:
         assert f["data/conv2a/1"].shape == (8,) and f["data/conv1/0"].shape == (4, 1, 5, 5)
     back = io.read_weights(path)
@@ -234,10 +236,10 @@ def test_upgrades_of_old_but_current_format_nets():
         io.parse_solver_text('solver_type: ADAM type: "SGD"')
 
 
-def test_weights_to_net_param_and_v1_models():
-    weights = {"ip": [numpy.ones((2, 3), numpy.float32), numpy.zeros(2, numpy.float32)]}
-    net = io.weights_to_net_param(weights, name="n", layer_types={"ip": "InnerProduct"})
-    assert net.layer[0].type == "InnerProduct"
+def test_layer_blobs_and_v1_models():
+    net = caffe_pb2.NetParameter(name="n")
+    io.set_layer_blobs(net.layer.add(name="ip", type="InnerProduct"),
+                       [numpy.ones((2, 3), numpy.float32), numpy.zeros(2, numpy.float32)])
     assert io.net_weights(caffe_pb2.NetParameter.FromString(net.SerializeToString()))["ip"][0].shape == (2, 3)
     old = caffe_pb2.NetParameter()  # an old V1 .caffemodel: weights still load by name
     layer = old.layers.add(name="fc", type=caffe_pb2.V1LayerParameter.INNER_PRODUCT)
