@@ -9,7 +9,7 @@ has no place in the new format is logged as a warning and dropped (Caffe: "conti
 they return False then, which the upgrade tools turn into exit status 1. A net that cannot be
 upgraded at all raises CaffeFormatError.
 """
-from scaffe.io import CaffeFormatError
+from scaffe.io import CaffeFormatError, copy_message
 from scaffe.log import get_logger
 from scaffe.proto import caffe_pb2
 
@@ -170,7 +170,7 @@ def _fold_padding_layers(net, source):
     for i, layer in enumerate(net.layers):
         v0 = layer.layer
         if v0.type != "padding":
-            kept.append(_copy(layer))
+            kept.append(copy_message(layer))
         for j, blob in enumerate(layer.bottom):
             if blob not in producer:
                 raise CaffeFormatError(f"{source}: V0 layer '{v0.name}' reads blob '{blob}', which no earlier "
@@ -322,7 +322,7 @@ def _upgrade_net_input(net, source):
             layer.input_param.shape.add().CopyFrom(net.input_shape[i])
         elif len(net.input_dim):
             layer.input_param.shape.add().dim.extend(net.input_dim[4 * i:4 * i + 4])
-    layers = [layer] + [_copy(l) for l in net.layer]
+    layers = [layer] + [copy_message(l) for l in net.layer]
     del net.layer[:]
     net.layer.extend(layers)
     for field in ("input", "input_shape", "input_dim"):
@@ -342,12 +342,6 @@ def _upgrade_data_transformation(net):
                 if p.HasField(field):
                     setattr(t, field, getattr(p, field))
                     p.ClearField(field)
-
-
-def _copy(message):
-    out = type(message)()
-    out.CopyFrom(message)
-    return out
 
 
 # ---------------------------------------------------------------- solvers

@@ -15,6 +15,7 @@ import sys
 import numpy
 
 from scaffe.data.lmdb_writer import LMDBWriter
+from scaffe.io import to_host
 from scaffe.log import get_logger
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
@@ -52,7 +53,7 @@ def extract_features(weights, model, blob_names, db_paths, num_mini_batches, xp=
             for _ in range(num_mini_batches):
                 net.forward()
                 for i, (name, writer) in enumerate(zip(blob_names, writers)):
-                    features = numpy.atleast_1d(_host(net.blobs[name].data, xp))  # a scalar loss: 1 sample
+                    features = numpy.atleast_1d(to_host(net.blobs[name].data))  # a scalar loss: 1 sample
                     if features.ndim > 4:
                         raise NetError(f"blob {name!r} has {features.ndim} axes; a Datum holds at most 4")
                     shape = tuple(features.shape[1:]) + (1, 1, 1)
@@ -68,10 +69,6 @@ def extract_features(weights, model, blob_names, db_paths, num_mini_batches, xp=
         net.close()
     log.info("Successfully extracted the features!")
     return counts
-
-
-def _host(data, xp):
-    return data if xp is numpy else xp.asnumpy(data)
 
 
 def _array_module(mode, device_id):
