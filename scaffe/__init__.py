@@ -8,3 +8,7 @@ __version__ = "0.1.0"
 from scaffe.pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, BlobView,  # noqa: E402
                             Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver,
                             layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed)
+
+__all__ = ["TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "BlobView", "Net", "NesterovSolver",
+           "RMSPropSolver", "SGDSolver", "Solver", "get_solver", "layer_type_list", "set_device", "set_mode_cpu",
+           "set_mode_gpu", "set_random_seed"]

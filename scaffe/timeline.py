@@ -263,10 +263,10 @@ def summarize(trace):
     """Per rank and over all ranks: communication time, the part hidden behind compute, and compute
     time (microseconds); see the module docstring for the definition."""
     ranks = {}
-    for rank, events in _by_rank(trace).items():
-        busy = _compute_time(events)
+    for rank, rank_events in _by_rank(trace).items():
+        busy = _compute_time(rank_events)
         starts = [s for s, _ in busy]
-        collectives = _spans(events, ("collective",))
+        collectives = _spans(rank_events, ("collective",))
         ranks[rank] = {"communication_us": sum(e - s for s, e in collectives),
                        "hidden_us": sum(_overlap(s, e, busy, starts) for s, e in collectives),
                        "compute_us": sum(e - s for s, e in busy)}
@@ -304,17 +304,17 @@ def iteration_breakdown(trace):
     compute, each kind of wait, and the rest, the training thread outside layers and waits (the
     solver's and schedule's own work, and whatever kept the thread from running)."""
     rows = []
-    for rank, events in _by_rank(trace).items():
-        count = sum(1 for e in events if e["cat"] == "iteration")
+    for rank, rank_events in _by_rank(trace).items():
+        count = sum(1 for e in rank_events if e["cat"] == "iteration")
         if not count:
             continue
-        iterations = _union(_spans(events, ("iteration",)))
+        iterations = _union(_spans(rank_events, ("iteration",)))
         total = sum(e - s for s, e in iterations)
-        compute = _inside(_compute_time(events), iterations)
-        waits = {what: _inside(_union([(e["ts"], e["ts"] + e["dur"]) for e in events
+        compute = _inside(_compute_time(rank_events), iterations)
+        waits = {what: _inside(_union([(e["ts"], e["ts"] + e["dur"]) for e in rank_events
                                        if e["cat"] == "wait" and e["args"]["waits_for"] == what]), iterations)
                  for what in WAITS}
-        waited = _inside(_union(_spans(events, ("wait",))), iterations)
+        waited = _inside(_union(_spans(rank_events, ("wait",))), iterations)
         rows.append({"rank": rank, "iterations": count, "iteration_ms": total / count / 1e3,
                      "compute_ms": compute / count / 1e3,
                      "wait_ms": {what: t / count / 1e3 for what, t in waits.items()},
@@ -326,16 +326,16 @@ def gradient_overlap(trace):
     """For each rank and each gradient collective (same op, same layers): how many ran, their mean
     time in flight and hidden (microseconds), and the mean overlap with each layer's backward."""
     rows = []
-    for rank, events in _by_rank(trace).items():
-        busy = _compute_time(events)
+    for rank, rank_events in _by_rank(trace).items():
+        busy = _compute_time(rank_events)
         starts = [s for s, _ in busy]
         backward = {}  # (layer index, name) -> its backward intervals, listed in backward order
-        for e in events:
+        for e in rank_events:
             if e["cat"] == "backward":
                 backward.setdefault((e["args"]["layer"], e["name"]), []).append((e["ts"], e["ts"] + e["dur"]))
         backward = {name: _union(spans) for (_, name), spans in sorted(backward.items(), reverse=True)}
         groups = {}
-        for e in events:
+        for e in rank_events:
             if e["cat"] != "collective" or e.get("args", {}).get("carries") != "gradients":
                 continue
             start, end = e["ts"], e["ts"] + e["dur"]

@@ -64,7 +64,7 @@ class ConvEngine:
     def forward(self, x, weight, bias, y):
         """y = conv(x, weight) + bias (bias may be None); y is overwritten."""
         xp = get_array_module(x)
-        n_img, channels = x.shape[0], x.shape[1]
+        n_img = x.shape[0]
         m_out = weight.shape[0]
         oh, ow = y.shape[2], y.shape[3]
         positions = oh * ow
@@ -89,7 +89,6 @@ class ConvEngine:
 
     def backward(self, x, weight, dy, weight_diff, bias_diff, dx):
         """Accumulates into weight_diff / bias_diff (either may be None) and overwrites dx (or None)."""
-        xp = get_array_module(x)
         n_img = x.shape[0]
         m_out = weight.shape[0]
         positions = dy.shape[2] * dy.shape[3]
