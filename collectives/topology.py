@@ -77,9 +77,6 @@ class Topology:
             self._heads[key] = heads if is_head else None
         return self._heads[key]
 
-    def is_head(self, root):
-        return self.rank == root if self.node == self.node_of[root] else self.local_rank == 0
-
     def describe(self):
         return (f"{self.size} ranks on {self.num_nodes} node(s) of sizes {self.node_sizes}"
                 + (f" (simulated: SCAFFE_RANKS_PER_NODE={ranks_per_node_override()})"
