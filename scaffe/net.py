@@ -393,17 +393,10 @@ class Net:
         backward, and a layer all of whose tops skip propagation skips backward too."""
         under_loss, skip_backprop = set(), set()
         for record in reversed(self.layer_records):
+            top_names = [self.blob_records[blob_id].name for blob_id in record.top_ids]
             loss_top_ids = {top_id for top_id, _ in record.loss_tops}
-            contributes = False
-            skip = True
-            for top_id, blob_id in enumerate(record.top_ids):
-                name = self.blob_records[blob_id].name
-                if top_id in loss_top_ids or name in under_loss:
-                    contributes = True
-                if name not in skip_backprop:
-                    skip = False
-                if contributes and not skip:
-                    break
+            contributes = any(top_id in loss_top_ids or name in under_loss for top_id, name in enumerate(top_names))
+            skip = all(name in skip_backprop for name in top_names)
             if record.need_backward and skip:
                 record.need_backward = False
                 record.bottom_need_backward = [False] * len(record.bottom_need_backward)
