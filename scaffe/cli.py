@@ -259,6 +259,7 @@ def _phase(args, default):
 def _test(args):
     """Caffe's `caffe test`. Under an MPI launcher the ranks share the batches (scaffe.parallel.
     sharded_testing) and the root prints the one report a single process would."""
+    from scaffe.io import to_host
     from scaffe.net import Net
     from scaffe.parallel.launch import quiet_non_root, world
     from scaffe.parallel.sharded_testing import ShardedTesting, shardable
@@ -283,7 +284,7 @@ def _test(args):
         for _ in batches:
             loss = net.forward()
             rows.append([loss] + [float(v) for blob_id in net.output_blob_ids
-                                  for v in numpy.asarray(_host(net.blobs_list[blob_id].data)).ravel()])
+                                  for v in numpy.asarray(to_host(net.blobs_list[blob_id].data)).ravel()])
         if sharding is not None:
             rows = sharding.gather(batches, rows)
             if rows is None:  # not the root: it reports for everyone
@@ -473,10 +474,6 @@ def _run_tool(command, argv):
     except (ValueError, OSError, RuntimeError) as e:
         _fail(command, e)
         return 1
-
-
-def _host(a):
-    return a if isinstance(a, numpy.ndarray) else a.get()
 
 
 def main(argv=None):

@@ -15,6 +15,7 @@ import numpy
 from google.protobuf import text_format
 
 from scaffe import io as sio
+from scaffe.io import copy_message, to_host
 from scaffe.log import fmt, get_logger
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
@@ -164,7 +165,7 @@ class Solver:
             raise SolverError(f"{self._where()}test_iter is given, so test_interval must be > 0")
         params, sources = [], []
         for tp in p.test_net_param:
-            params.append(_copy(tp))
+            params.append(copy_message(tp))
             sources.append(("test_net_param", f"{self.source or '<solver>'} (test_net_param)"))
         for path in p.test_net:
             params.append(self._read_net(path))
@@ -172,7 +173,7 @@ class Solver:
         remaining = len(p.test_iter) - len(params)
         for _ in range(remaining):
             if p.HasField("net_param"):
-                params.append(_copy(p.net_param))
+                params.append(copy_message(p.net_param))
                 sources.append(("net_param", f"{self.source or '<solver>'} (net_param)"))
             else:
                 params.append(self._read_net(p.net))
@@ -321,7 +322,7 @@ class Solver:
         for blob_id in net.output_blob_ids:
             name = net.blob_names[blob_id]
             weight = net.blob_loss_weights[blob_id]
-            values = numpy.asarray(_host(net.blobs_list[blob_id].data)).ravel()
+            values = numpy.asarray(to_host(net.blobs_list[blob_id].data)).ravel()
             for v in values:
                 extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(v))} loss)" if weight else ""
                 log.info("    %s #%d: %s = %s%s", title, index, name, fmt(v), extra)
@@ -368,7 +369,7 @@ class Solver:
                     log.info("Test interrupted.")
                     return None
             iter_loss = net.forward()
-            rows.append(numpy.concatenate([[iter_loss]] + [numpy.asarray(_host(b.data), dtype=numpy.float64).ravel()
+            rows.append(numpy.concatenate([[iter_loss]] + [numpy.asarray(to_host(b.data), dtype=numpy.float64).ravel()
                                                            for b in net.output_blobs]))
         if sharding is not None:
             rows = sharding.gather(batches, rows)
@@ -476,7 +477,7 @@ class Solver:
         return model_filename
 
     def snapshot_solver_state(self, model_filename):
-        history = [_host(h) for h in self.history]
+        history = [to_host(h) for h in self.history]
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             filename = self.snapshot_filename(".solverstate.h5")
             log.info("Snapshotting solver state to HDF5 file %s", filename)
@@ -540,16 +541,6 @@ def test_output_keys(net):
         count = net.blobs_list[blob_id].count
         keys.extend([name] if count == 1 else [f"{name}_{k}" for k in range(count)])
     return keys
-
-
-def _copy(msg):
-    out = type(msg)()
-    out.CopyFrom(msg)
-    return out
-
-
-def _host(a):
-    return a if isinstance(a, numpy.ndarray) else a.get()
 
 
 def seed_random(seed):
