@@ -344,10 +344,12 @@ def set_layer_blobs(layer, arrays, diffs=None):
 
 
 def read_weights(path):
-    """{layer name: [arrays]} of every layer with blobs in a binary .caffemodel or an HDF5 .caffemodel.h5."""
+    """{layer name: [arrays]} of every layer with blobs in a binary .caffemodel or an HDF5
+    .caffemodel.h5 (where None stands for a blob the layer shares with an earlier one)."""
     path = os.fspath(path)
     if is_hdf5_file(path):
-        return {name: [blobs[i] for i in sorted(blobs)] for name, blobs in read_hdf5_weights(path).items() if blobs}
+        return {name: [blobs.get(i) for i in range(max(blobs) + 1)]
+                for name, blobs in read_hdf5_weights(path).items() if blobs}
     return net_weights(read_net_binary(path))
 
 

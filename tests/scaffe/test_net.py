@@ -226,6 +226,22 @@ def test_hooks_run_per_layer_in_order_and_cover_every_param():
     assert net.layer_learnable_ids(net.layer_names_index["b"]) == [0, 1]
 
 
+def test_hdf5_weights_skip_shared_blobs_and_load_back(tmp_path):
+    try:
+        net, fresh = net_from_text(SHARED), net_from_text(SHARED)
+    except NetError as e:
+        pytest.skip(f"layer type not implemented yet: {e}")
+    path = tmp_path / "shared.caffemodel.h5"
+    net.save_hdf5(path)
+    stored = sio.read_hdf5_weights(path)
+    assert sorted(stored["a"]) == [0, 1] and stored["b"] == {}  # "b" shares both of "a"'s blobs
+    assert not np.array_equal(fresh.learnable_params[0].data, net.learnable_params[0].data)
+    fresh.copy_trained_layers_from(path)
+    for ours, saved in zip(fresh.learnable_params, net.learnable_params):
+        np.testing.assert_array_equal(ours.data, saved.data)
+    assert np.shares_memory(fresh.layer("b").blobs[0].data, fresh.layer("a").blobs[0].data)
+
+
 def test_frozen_params_keep_zero_gradient_and_skip_backward():
     text = """
     layer { name: "in" type: "Input" top: "x" top: "t" input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
