@@ -16,7 +16,7 @@ setup(
     install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1",
                       "pillow"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib"],
+        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib", "ruff"],
         "cuda12": ["cupy-cuda12x"],
         "cuda13": ["cupy-cuda13x"],
         "plot": ["matplotlib"],
