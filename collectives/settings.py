@@ -1,6 +1,6 @@
 """Every SCAFFE_* environment variable the collectives read: its type, default and meaning, and the one
-function here that reads it. Each is read when asked (at a Comm's set-up, never per call); a value of the
-wrong form is a ValueError naming the variable.
+function here that reads it. Each is read when asked (when a Comm is made or set up, never per call); a
+value of the wrong form is a ValueError naming the variable.
 
 variable                type                default               meaning (function)
 SCAFFE_REDUCE_ALGO      native, tree,       the table in          one algorithm for every message size (reduce_algo)
@@ -86,37 +86,28 @@ def abort_on_error():
 
 def positive_int(name, default=None):
     """The value of environment variable `name` as a positive int, `default` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        parsed = int(value)
-    except ValueError:
-        parsed = 0
-    if parsed < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return parsed
+    return _read(name, default, int, lambda n: n >= 1, "a positive integer")
 
 
 def non_negative_seconds(name, default):
     """The value of environment variable `name` as a finite number of seconds >= 0, `default` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        parsed = float(value)
-    except ValueError:
-        parsed = -1.0
-    if not (parsed >= 0 and math.isfinite(parsed)):
-        raise ValueError(f"{name} must be a non-negative number of seconds (0 turns it off), got {value!r}")
-    return parsed
+    return _read(name, default, float, lambda s: s >= 0 and math.isfinite(s),
+                 "a non-negative number of seconds (0 turns it off)")
 
 
 def switch(name, default):
     """The value of environment variable `name` as a bool ("0" or "1"), `default` when unset or empty."""
+    return _read(name, default, {"0": False, "1": True}.get, lambda _: True, "0 or 1")
+
+
+def _read(name, default, parse, valid, wanted):
     value = os.environ.get(name, "").strip()
     if not value:
         return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
+    try:
+        parsed = parse(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or not valid(parsed):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return parsed
