@@ -291,3 +291,11 @@ def test_gpu_ids_are_parsed_and_checked_in_one_place():
                            ("0,2", "device 2 does not exist (2 GPU(s) here)")):
         with pytest.raises(CliError, match=re.escape(f"--gpu={flag}: {fragment}")):
             _gpu_ids(flag, 2)
+
+
+def test_usage_lists_every_registered_command(capsys):
+    from scaffe.cli import COMMANDS
+    assert main([]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    for command in COMMANDS:
+        assert any(line.startswith(f"  {command} ") for line in lines), command
