@@ -6,13 +6,14 @@ from collectives import settings
 
 def test_defaults(monkeypatch):
     for name in ("SCAFFE_REDUCE_ALGO", "SCAFFE_CHUNK_BYTES", "SCAFFE_SHM_CHUNK_BYTES", "SCAFFE_RANKS_PER_NODE",
-                 "SCAFFE_CHECK", "SCAFFE_STALL_S", "SCAFFE_GPU", "SCAFFE_CUDA_AWARE"):
+                 "SCAFFE_CHECK", "SCAFFE_STALL_S", "SCAFFE_GPU", "SCAFFE_CUDA_AWARE", "SCAFFE_ABORT_ON_ERROR"):
         monkeypatch.delenv(name, raising=False)
     assert settings.reduce_algo(["native", "tree"]) is None
     assert settings.chunk_bytes() == 1 << 20
     assert [settings.shm_cell_bytes(n) for n in (1, 2, 16, 64)] == [1 << 20, 512 << 10, 64 << 10, 64 << 10]
     assert settings.ranks_per_node() is None and settings.check() is False
     assert settings.stall_seconds() == 60 and settings.gpu(2) is None and settings.cuda_aware_override() is None
+    assert settings.abort_on_error() is True
 
 
 @pytest.mark.parametrize("name,value,read,expected", [
@@ -23,6 +24,7 @@ def test_defaults(monkeypatch):
     ("SCAFFE_CHECK", "0", settings.check, False),
     ("SCAFFE_GPU", "1", lambda: settings.gpu(2), 1),
     ("SCAFFE_CUDA_AWARE", "0", settings.cuda_aware_override, False),
+    ("SCAFFE_ABORT_ON_ERROR", "0", settings.abort_on_error, False),
 ])
 def test_values(monkeypatch, name, value, read, expected):
     monkeypatch.setenv(name, value)
