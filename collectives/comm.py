@@ -6,12 +6,11 @@ from the table in `collectives.algorithms`, and runs it. Whatever we do not comp
 swapping `MPI.COMM_WORLD` for `Comm(MPI.COMM_WORLD)` never changes a program's meaning.
 """
 import itertools
-import os
 
 import numpy
 from mpi4py import MPI
 
-from collectives import algorithms, stall
+from collectives import algorithms, settings, stall
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging, synchronize
@@ -20,7 +19,6 @@ from collectives.events import Name, finished, reported, started, with_label
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import native_reduces, op_name
 from collectives.progress import Progress
-from collectives.settings import positive_int, switch
 from collectives.topology import Topology
 from kernels.reduce import supports
 
@@ -205,7 +203,7 @@ class Comm(MPI.Intracomm):
     def __init__(self, comm=None):
         self._ready = False
         self._fast = None
-        if switch("SCAFFE_ABORT_ON_ERROR", True):
+        if settings.abort_on_error():
             install_abort_hook()  # else one rank's uncaught error leaves the others in a collective forever
 
     # -- set-up -------------------------------------------------------------------------------------
@@ -215,16 +213,13 @@ class Comm(MPI.Intracomm):
         self.private = MPI.Intracomm(MPI.Intracomm.Dup(self))
         self.node_topology = Topology(self.private)
         self.several_nodes = self.node_topology.num_nodes > 1  # which column of the selection table
-        self.chunk_bytes = positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
-        # A group of cells (one per local rank) of about 1 MiB: large enough that per-cell overheads
-        # vanish, small enough that the rings stay in cache (perf/osu_allreduce.py measured the choice).
-        local_ranks = self.node_topology.node_comm.Get_size()
-        self.shm = SharedWindows(self.node_topology.node_comm,
-                                 positive_int("SCAFFE_SHM_CHUNK_BYTES", max(64 << 10, (1 << 20) // local_ranks)))
+        self.chunk_bytes = settings.chunk_bytes()
+        node_comm = self.node_topology.node_comm
+        self.shm = SharedWindows(node_comm, settings.shm_cell_bytes(node_comm.Get_size()))
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
-        self.check = os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
-        self.forced = algorithms.forced()
+        self.check = settings.check()
+        self.forced = settings.reduce_algo(algorithms.names())
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         index = next(_set_ups)
         self._event_names = {text: Name(text, index) for text in _EVENT_NAMES}

@@ -9,15 +9,15 @@ import socket
 
 from mpi4py import MPI
 
-from collectives import algorithms
+from collectives import algorithms, settings
 from collectives.comm import Comm
 
 
 def cuda_aware():
     """(is the MPI library CUDA-aware, how we know). SCAFFE_CUDA_AWARE=0|1 overrides the detection."""
-    forced = os.environ.get("SCAFFE_CUDA_AWARE", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1", "SCAFFE_CUDA_AWARE"
+    forced = settings.cuda_aware_override()
+    if forced is not None:
+        return forced, "SCAFFE_CUDA_AWARE"
     try:  # MPICH 4, Open MPI 4+ and MVAPICH2-GDR export it; mpi4py loads libmpi with global symbols
         query = ctypes.CDLL(None).MPIX_Query_cuda_support
     except (AttributeError, OSError):
@@ -43,12 +43,8 @@ def gpu_for(local_rank, count):
     """The GPU a local rank drives: SCAFFE_GPU if set, else local_rank % count (None without GPUs)."""
     if not count:
         return None
-    chosen = os.environ.get("SCAFFE_GPU", "").strip()
-    if not chosen:
-        return local_rank % count
-    if not chosen.isdigit() or int(chosen) >= count:
-        raise ValueError(f"SCAFFE_GPU={chosen!r}: this node has GPUs 0..{count - 1}")
-    return int(chosen)
+    chosen = settings.gpu(count)
+    return local_rank % count if chosen is None else chosen
 
 
 def main():

@@ -1,41 +1,113 @@
-"""Reading the SCAFFE_* environment variables that take numbers or 0/1 switches, with one error message each."""
+"""Every SCAFFE_* environment variable the collectives read: its type, default and meaning, and the one
+function here that reads it. Each is read when asked (when a Comm is made or set up, never per call); a
+value of the wrong form is a ValueError naming the variable.
+
+variable                type                default               meaning (function)
+SCAFFE_REDUCE_ALGO      native, tree,       the table in          one algorithm for every message size (reduce_algo)
+                        chain or            collectives.
+                        hierarchical        algorithms
+SCAFFE_CHUNK_BYTES      positive int        1 MiB                 the inter-node pipelines' chunk (chunk_bytes)
+SCAFFE_SHM_CHUNK_BYTES  positive int        1 MiB / local ranks,  the size of each shared-memory cell: the chunk of
+                                            at least 64 KiB       the interpreted node loop, only a cap on the
+                                                                  compiled loop's own chunk of 256 KiB / local ranks,
+                                                                  at least 64 KiB (shm_cell_bytes)
+SCAFFE_RANKS_PER_NODE   positive int        unset: the real       cut each host into simulated nodes of this many
+                                            nodes                 ranks (ranks_per_node)
+SCAFFE_CHECK            0 or 1 (not 0       0                     check that the ranks agree on counts, dtypes, ops
+                        counts as 1)                              and roots (check)
+SCAFFE_STALL_S          seconds >= 0        60                    abort with a report when a collective has waited
+                                                                  this long; 0: off (stall_seconds)
+SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
+SCAFFE_CUDA_AWARE       0 or 1              unset: detected       whether the MPI library takes device buffers, in
+                                            (collectives.info)    place of the detection (cuda_aware_override)
+SCAFFE_ABORT_ON_ERROR   0 or 1              1                     whether making a Comm installs the abort hook
+                                                                  (abort_on_error)
+
+scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log.
+"""
 import math
 import os
 
 
+def reduce_algo(known):
+    """SCAFFE_REDUCE_ALGO, lower-cased: the algorithm for every size, one of `known`; None when unset."""
+    name = os.environ.get("SCAFFE_REDUCE_ALGO", "").strip().lower()
+    if name and name not in known:
+        raise ValueError(f"SCAFFE_REDUCE_ALGO={name!r} is not one of {', '.join(sorted(known))}")
+    return name or None
+
+
+def chunk_bytes():
+    """SCAFFE_CHUNK_BYTES: the chunk of the inter-node pipelines."""
+    return positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
+
+
+def shm_cell_bytes(local_ranks):
+    """SCAFFE_SHM_CHUNK_BYTES: the size of each shared-memory cell on a node of `local_ranks` ranks."""
+    # A group of cells (one per local rank) of about 1 MiB: large enough that per-cell overheads
+    # vanish, small enough that the rings stay in cache (perf/osu_allreduce.py measured the choice).
+    return positive_int("SCAFFE_SHM_CHUNK_BYTES", max(64 << 10, (1 << 20) // local_ranks))
+
+
+def ranks_per_node():
+    """SCAFFE_RANKS_PER_NODE: the size of the simulated nodes; None for the real ones."""
+    return positive_int("SCAFFE_RANKS_PER_NODE")
+
+
+def check():
+    """SCAFFE_CHECK: whether every collective first checks that the ranks agree on its arguments."""
+    return os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
+
+
+def stall_seconds():
+    """SCAFFE_STALL_S: how long a collective may wait before the stall inspector ends the job (0: never)."""
+    return non_negative_seconds("SCAFFE_STALL_S", 60.0)
+
+
+def gpu(count):
+    """SCAFFE_GPU, checked against the node's `count` GPUs; None when unset."""
+    chosen = os.environ.get("SCAFFE_GPU", "").strip()
+    if not chosen:
+        return None
+    if not chosen.isdigit() or int(chosen) >= count:
+        raise ValueError(f"SCAFFE_GPU={chosen!r}: this node has GPUs 0..{count - 1}")
+    return int(chosen)
+
+
+def cuda_aware_override():
+    """SCAFFE_CUDA_AWARE: True or False when it says whether the MPI library is CUDA-aware, None when unset."""
+    return switch("SCAFFE_CUDA_AWARE", None)
+
+
+def abort_on_error():
+    """SCAFFE_ABORT_ON_ERROR: whether making a Comm installs the abort hook (`collectives.install_abort_hook`)."""
+    return switch("SCAFFE_ABORT_ON_ERROR", True)
+
+
 def positive_int(name, default=None):
     """The value of environment variable `name` as a positive int, `default` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        parsed = int(value)
-    except ValueError:
-        parsed = 0
-    if parsed < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return parsed
+    return _read(name, default, int, lambda n: n >= 1, "a positive integer")
 
 
 def non_negative_seconds(name, default):
     """The value of environment variable `name` as a finite number of seconds >= 0, `default` when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        parsed = float(value)
-    except ValueError:
-        parsed = -1.0
-    if not (parsed >= 0 and math.isfinite(parsed)):
-        raise ValueError(f"{name} must be a non-negative number of seconds (0 turns it off), got {value!r}")
-    return parsed
+    return _read(name, default, float, lambda s: s >= 0 and math.isfinite(s),
+                 "a non-negative number of seconds (0 turns it off)")
 
 
 def switch(name, default):
     """The value of environment variable `name` as a bool ("0" or "1"), `default` when unset or empty."""
+    return _read(name, default, {"0": False, "1": True}.get, lambda _: True, "0 or 1")
+
+
+def _read(name, default, parse, valid, wanted):
     value = os.environ.get(name, "").strip()
     if not value:
         return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
+    try:
+        parsed = parse(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or not valid(parsed):
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return parsed

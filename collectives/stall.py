@@ -18,9 +18,8 @@ from mpi4py import MPI
 
 from collectives import events
 from collectives.errors import abort_job
-from collectives.settings import non_negative_seconds
+from collectives import settings
 
-DEFAULT_STALL_S = 60.0
 _QUERY, _STATE = 1, 2  # tags: "what are you doing?" and its answer
 
 _members = {}  # Comm set-up index -> the COMM_WORLD ranks of that communicator
@@ -38,7 +37,7 @@ def watch(comm, index):
     world_group.Free()
     if _inspector is not None or comm.Get_size() != world.Get_size():
         return
-    stall_s = non_negative_seconds("SCAFFE_STALL_S", DEFAULT_STALL_S)
+    stall_s = settings.stall_seconds()
     if stall_s == 0 or world.Get_size() == 1:
         return
     if MPI.Query_thread() != MPI.THREAD_MULTIPLE:

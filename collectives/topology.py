@@ -5,11 +5,7 @@ group may be smaller), so one host can play several nodes and exercise the inter
 """
 from mpi4py import MPI
 
-from collectives.settings import positive_int
-
-
-def ranks_per_node_override():
-    return positive_int("SCAFFE_RANKS_PER_NODE")
+from collectives import settings
 
 
 class Topology:
@@ -25,7 +21,7 @@ class Topology:
 
     def __init__(self, comm):
         shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
-        per_node = ranks_per_node_override()
+        per_node = settings.ranks_per_node()
         if per_node is not None:
             self.node_comm = shared.Split(shared.Get_rank() // per_node, key=shared.Get_rank())
             shared.Free()
@@ -79,8 +75,8 @@ class Topology:
 
     def describe(self):
         return (f"{self.size} ranks on {self.num_nodes} node(s) of sizes {self.node_sizes}"
-                + (f" (simulated: SCAFFE_RANKS_PER_NODE={ranks_per_node_override()})"
-                   if ranks_per_node_override() else ""))
+                + (f" (simulated: SCAFFE_RANKS_PER_NODE={settings.ranks_per_node()})"
+                   if settings.ranks_per_node() else ""))
 
     def free(self):
         for heads in self._heads.values():

@@ -8,12 +8,12 @@ numpy combining the same number of buffers on one core, what the memory system a
 
 `-d cuda` puts the buffers on the GPU (numba device arrays). There `--impl staged` is the naive
 baseline a non-CUDA-aware MPI leaves a user with (copy to host, MPI on host memory, copy back), `native`
-hands MPI the device pointers (only with `SCAFFE_CUDA_AWARE=1`: anything else would crash), and
+hands MPI the device pointers (only with a CUDA-aware MPI, as `collectives.info.cuda_aware` finds or
+`SCAFFE_CUDA_AWARE=1` says: anything else would crash), and
 `both` compares staged with scaffe.
 """
 import argparse
 import functools
-import os
 import sys
 import time
 
@@ -21,6 +21,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives.info import cuda_aware
 
 DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_DOUBLE"),
           "int": (numpy.int32, "MPI_INT"), "char": (numpy.int8, "MPI_CHAR")}
@@ -54,9 +55,10 @@ def parse_args(description, argv=None):
     args.min_size, args.max_size = parse_size_range(args.message_size)
     if args.device == "cpu" and args.impl == "staged":
         p.error("--impl staged is the host-staging baseline for -d cuda")
-    if args.device == "cuda" and args.impl == "native" and os.environ.get("SCAFFE_CUDA_AWARE") != "1":
-        p.error("--impl native -d cuda hands device pointers to MPI, which crashes a non-CUDA-aware MPI; "
-                "set SCAFFE_CUDA_AWARE=1 if yours is CUDA-aware, or use --impl staged")
+    aware, why = cuda_aware() if args.device == "cuda" and args.impl == "native" else (True, "")
+    if not aware:
+        p.error(f"--impl native -d cuda hands device pointers to MPI, which crashes a non-CUDA-aware MPI "
+                f"(this one is not, by {why}); set SCAFFE_CUDA_AWARE=1 if it is, or use --impl staged")
     if args.device == "cuda" and args.alloc:
         p.error("--alloc gives host shared memory; it does not combine with -d cuda")
     return args

@@ -8,104 +8,119 @@ and exit status 1 (2 for a bad command line).
 """
 import argparse
 import csv
-import functools
+import importlib
 import os
 import platform
 import sys
 import time
+import typing
 
 import numpy
 
-from scaffe.log import fmt, get_logger, setup_logging
+from scaffe.log import fmt, get_logger, output_line, setup_logging
 
 log = get_logger("scaffe.cli")
-
-COMMANDS = ("train", "test", "time", "device_query", "convert", "compute_image_mean", "extract_features",
-            "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text")
-
-_USAGE = """usage: scaffe <command> [flags]
-
-commands:
-  train               train or finetune a model:  scaffe train --solver=S [--weights=W | --snapshot=S]
-  test                score a model:              scaffe test --model=M --weights=W [--iterations=50]
-  time                benchmark layer by layer:   scaffe time --model=M [--iterations=50]
-  device_query        show the CPU and any GPUs
-  convert mnist|imageset ARGS     build LMDBs (no ARGS for mnist: the bundled digits into examples/mnist)
-  compute_image_mean DB [OUT]     the mean image of an LMDB, as a binaryproto
-  extract_features WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]
-                                  store blobs of a forward pass, one Datum per sample
-  upgrade_net_proto_text IN OUT   rewrite an old (V0/V1) net prototxt in today's format
-  upgrade_net_proto_binary IN OUT
-                                  the same for a .caffemodel
-  upgrade_solver_proto_text IN OUT
-                                  the same for a solver (solver_type: ADAM -> type: "Adam")
-(the tools take Caffe's flags: -backend=lmdb, --backend lmdb, -gray, --shuffle=false, ...)
-"""
 
 
 class CliError(Exception):
     """A user-facing failure; its text is printed as the one error line."""
 
 
-# ---------------------------------------------------------------- argument parsing
+# ---------------------------------------------------------------- the command registry
 
-def _gflags_to_gnu(argv):
-    """Rewrites Caffe's single-dash long flags (-solver, -gpu=0) to --solver, --gpu=0."""
-    out = []
-    for arg in argv:
-        if arg.startswith("-") and not arg.startswith("--") and len(arg) > 2 and arg[1].isalpha():
-            arg = "-" + arg
-        out.append(arg)
-    return out
+class Command(typing.NamedTuple):
+    """A `scaffe` command, registered with `command` as Caffe's brew functions are with RegisterBrewFunction."""
+    name: str
+    handler: typing.Callable
+    summary: str
+    arguments: str  # an example of its flags (Caffe's commands) or its positional synopsis (the tools)
+    flags: tuple  # (name, argparse options) pairs; empty for the tools
+    parses_own_flags: bool  # Caffe's tools take the argument list as it is (gflags spellings, anywhere)
 
 
-def _common(p, model=False):
-    p.add_argument("--gpu", default="", help="GPU id(s) to use, e.g. 0 or 0,1 or all; default: CPU")
-    p.add_argument("--stage", default="", help="comma-separated net stages (NetState.stage)")
-    p.add_argument("--level", type=int, default=0, help="net level (NetState.level)")
-    if model:
-        p.add_argument("--model", default="", help="the model definition (.prototxt)")
-        p.add_argument("--phase", default="", help="TRAIN or TEST")
+_COMMANDS = {}  # name -> Command, in the order of the usage text
+
+
+def command(name, summary, arguments="", flags=(), parses_own_flags=False):
+    """Registers the decorated handler as `scaffe NAME`: it gets the parsed `flags`, or with
+    `parses_own_flags` the argument list after NAME; it returns the exit status."""
+    def register(handler):
+        _COMMANDS[name] = Command(name, handler, summary, arguments, tuple(flags), parses_own_flags)
+        return handler
+    return register
+
+
+def flag(name, **options):
+    """One flag of a command, with argparse's `add_argument` options."""
+    return name, options
+
+
+def _usage():
+    lines = ["usage: scaffe <command> [flags]", "", "commands:"]
+    for cmd in _COMMANDS.values():
+        if not cmd.parses_own_flags:
+            example = f"{cmd.summary + ':':<28}scaffe {cmd.name} {cmd.arguments}" if cmd.arguments else cmd.summary
+            lines.append(f"  {cmd.name:<20}{example}")
+            continue
+        synopsis = f"  {cmd.name} {cmd.arguments}"
+        lines.append(f"{synopsis:<34}{cmd.summary}" if len(synopsis) <= 32 else f"{synopsis}\n{'':34}{cmd.summary}")
+    lines.append("(the tools take Caffe's flags: -backend=lmdb, --backend lmdb, -gray, --shuffle=false, ...)")
+    return "\n".join(lines) + "\n"
 
 
 def _parser():
     # argparse prints "usage: " itself; subcommands get "scaffe <command>" as their prog.
-    p = argparse.ArgumentParser(prog="scaffe", usage=_USAGE.removeprefix("usage: "), add_help=True)
+    p = argparse.ArgumentParser(prog="scaffe", usage=_usage().removeprefix("usage: "))
     sub = p.add_subparsers(dest="command", prog="scaffe")
-    t = sub.add_parser("train", help="train or finetune a model")
-    _common(t)
-    t.add_argument("--solver", default="", help="the solver definition (.prototxt)")
-    t.add_argument("--weights", default="", help="comma-separated .caffemodel files to finetune from")
-    t.add_argument("--snapshot", default="", help="a .solverstate to resume from")
-    t.add_argument("--iterations", type=int, default=None, help="override the solver's max_iter")
-    t.add_argument("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here")
-    t.add_argument("--sigint_effect", default="stop",
-                   help="on SIGINT: stop, snapshot or none (SIGTERM always snapshots and stops)")
-    t.add_argument("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none")
-    t.add_argument("--schedule", default="scaffe", choices=("scaffe", "allreduce", "native"),
-                   help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates), "
-                        "bucketed allreduce (every rank updates) or native (MPI Allreduce after backward, "
-                        "no overlap: a baseline)")
-    t.add_argument("--timeline", default="", help="write a Chrome trace of training here (all ranks, one file; "
-                                                  "open in ui.perfetto.dev) and log the hidden communication")
-    s = sub.add_parser("test", help="score a model")
-    _common(s, model=True)
-    s.add_argument("--weights", default="", help="the trained .caffemodel")
-    s.add_argument("--iterations", type=int, default=50, help="number of batches")
-    m = sub.add_parser("time", help="benchmark a model layer by layer")
-    _common(m, model=True)
-    m.add_argument("--weights", default="", help="optional .caffemodel (default: filler weights)")
-    m.add_argument("--iterations", type=int, default=50, help="number of forward-backward passes")
-    d = sub.add_parser("device_query", help="show the devices")
-    d.add_argument("--gpu", default="", help="GPU id(s) to describe")
+    for cmd in _COMMANDS.values():
+        if not cmd.parses_own_flags:
+            s = sub.add_parser(cmd.name)
+            for name, options in cmd.flags:
+                s.add_argument(name, **options)
     return p
 
 
+def _gflags_to_gnu(argv):
+    """Rewrites Caffe's single-dash long flags (-solver, -gpu=0) to --solver, --gpu=0."""
+    return ["-" + arg if len(arg) > 2 and arg[0] == "-" and arg[1].isalpha() else arg for arg in argv]
+
+
+_NET_FLAGS = (
+    flag("--gpu", default="", help="GPU id(s) to use, e.g. 0 or 0,1 or all; default: CPU"),
+    flag("--stage", default="", help="comma-separated net stages (NetState.stage)"),
+    flag("--level", type=int, default=0, help="net level (NetState.level)"))
+_MODEL_FLAGS = _NET_FLAGS + (
+    flag("--model", default="", help="the model definition (.prototxt)"),
+    flag("--phase", default="", help="TRAIN or TEST"))
+
+
 def _stages(args):
-    return [s for s in args.stage.split(",") if s] if args.stage else []
+    return [s for s in args.stage.split(",") if s]
+
+
+def _phase(args, default):
+    if not args.phase:
+        return default
+    if args.phase not in ("TRAIN", "TEST"):
+        raise CliError(f"--phase={args.phase}: must be TRAIN or TEST")
+    return args.phase
 
 
 # ---------------------------------------------------------------- devices
+
+def _gpu_ids(gpu_flag, count):
+    """The device ids --gpu names (all of them for "all" or no flag), each checked to exist."""
+    try:
+        ids = list(range(count)) if gpu_flag in ("", "all") else [int(g) for g in gpu_flag.split(",") if g != ""]
+        if not ids:
+            raise ValueError(gpu_flag)
+    except ValueError:
+        raise CliError(f"--gpu={gpu_flag}: give device ids like 0 or 0,1, or all") from None
+    for g in ids:
+        if not 0 <= g < count:
+            raise CliError(f"--gpu={gpu_flag}: device {g} does not exist ({count} GPU(s) here)")
+    return ids
+
 
 def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
     """numpy for the CPU, cupy on the chosen device for a GPU; logs like Caffe.
@@ -127,16 +142,7 @@ def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
     if cupy is None:
         raise CliError(f"--gpu={gpu_flag}: no CUDA GPU is usable here (cupy missing or no device); "
                        f"leave out --gpu to run on the CPU")
-    count = cupy.cuda.runtime.getDeviceCount()
-    try:
-        ids = list(range(count)) if gpu_flag == "all" else [int(g) for g in gpu_flag.split(",") if g != ""]
-        if not ids:
-            raise ValueError(gpu_flag)
-    except ValueError:
-        raise CliError(f"--gpu={gpu_flag}: give device ids like 0 or 0,1, or all") from None
-    for g in ids:
-        if not 0 <= g < count:
-            raise CliError(f"--gpu={gpu_flag}: device {g} does not exist ({count} GPU(s) here)")
+    ids = _gpu_ids(gpu_flag, cupy.cuda.runtime.getDeviceCount())
     if len(ids) != 1 and local_rank is None:
         raise CliError(f"--gpu={gpu_flag}: one process drives one GPU; for several, launch one process per "
                        f"GPU with mpirun (see jobs/)")
@@ -187,10 +193,9 @@ def _g(value):
     return "" if value is None else f"{float(value):.9g}"
 
 
-def _train(args):
-    from scaffe.solvers import create_solver, read_solver_file
-    from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
-    from scaffe.solvers.solver import test_output_keys
+def _solver_param(args):
+    """The SolverParameter of --solver with the command line's overrides."""
+    from scaffe.solvers import read_solver_file
     if not args.solver:
         raise CliError("need a solver definition to train: --solver=solver.prototxt")
     if args.snapshot and args.weights:
@@ -200,18 +205,37 @@ def _train(args):
     param.train_state.stage.extend(_stages(args))
     if args.iterations is not None:
         param.max_iter = args.iterations
+    if args.snapshot or args.weights:  # they replace the solver's weights
+        del param.weights[:]
+        param.weights.extend([args.weights] if args.weights else [])
+    return param
+
+
+@command("train", "train or finetune a model", "--solver=S [--weights=W | --snapshot=S]", _NET_FLAGS + (
+    flag("--solver", default="", help="the solver definition (.prototxt)"),
+    flag("--weights", default="", help="comma-separated .caffemodel files to finetune from"),
+    flag("--snapshot", default="", help="a .solverstate to resume from"),
+    flag("--iterations", type=int, default=None, help="override the solver's max_iter"),
+    flag("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here"),
+    flag("--sigint_effect", default="stop",
+         help="on SIGINT: stop, snapshot or none (SIGTERM always snapshots and stops)"),
+    flag("--sighup_effect", default="snapshot", help="on SIGHUP: stop, snapshot or none"),
+    flag("--schedule", default="scaffe", choices=("scaffe", "allreduce", "native"),
+         help="under an MPI launcher: S-Caffe's per-layer bcast/reduce (root updates), "
+              "bucketed allreduce (every rank updates) or native (MPI Allreduce after backward, "
+              "no overlap: a baseline)"),
+    flag("--timeline", default="", help="write a Chrome trace of training here (all ranks, one file; "
+                                        "open in ui.perfetto.dev) and log the hidden communication")))
+def _train(args):
+    from scaffe.parallel.launch import make_distributed, quiet_non_root, world
+    from scaffe.solvers import create_solver
+    from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
+    from scaffe.solvers.solver import test_output_keys
+    param = _solver_param(args)
     xp = _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU, param.device_id)
     keep_sighup_from_ucx()  # before MPI starts (world() below)
     handler = SignalHandler(args.sigint_effect, args.sighup_effect)
-    if args.snapshot:
-        del param.weights[:]
-    elif args.weights:
-        del param.weights[:]
-        param.weights.append(args.weights)
-    csv_log = None
-    solver = None
-    timeline = None
-    from scaffe.parallel.launch import make_distributed, quiet_non_root, world
+    csv_log = solver = timeline = None
     comm, rank, size = world()
     quiet_non_root(rank)
     try:
@@ -239,23 +263,17 @@ def _train(args):
         if timeline is not None:
             timeline.stop()
         handler.restore()
-        if csv_log is not None:
-            csv_log.close()
-        if solver is not None:
-            solver.close()
+        for resource in (csv_log, solver):
+            if resource is not None:
+                resource.close()
     return 0
 
 
 # ---------------------------------------------------------------- test
 
-def _phase(args, default):
-    if not args.phase:
-        return default
-    if args.phase not in ("TRAIN", "TEST"):
-        raise CliError(f"--phase={args.phase}: must be TRAIN or TEST")
-    return args.phase
-
-
+@command("test", "score a model", "--model=M --weights=W [--iterations=50]", _MODEL_FLAGS + (
+    flag("--weights", default="", help="the trained .caffemodel"),
+    flag("--iterations", type=int, default=50, help="number of batches")))
 def _test(args):
     """Caffe's `caffe test`. Under an MPI launcher the ranks share the batches (scaffe.parallel.
     sharded_testing) and the root prints the one report a single process would."""
@@ -283,39 +301,38 @@ def _test(args):
         rows = []  # per batch: its loss, then every output value
         for _ in batches:
             loss = net.forward()
-            rows.append([loss] + [float(v) for blob_id in net.output_blob_ids
-                                  for v in numpy.asarray(to_host(net.blobs_list[blob_id].data)).ravel()])
+            rows.append([loss] + [float(v) for b in net.output_blobs for v in numpy.asarray(to_host(b.data)).ravel()])
         if sharding is not None:
             rows = sharding.gather(batches, rows)
-            if rows is None:  # not the root: it reports for everyone
-                return 0
-        scores = None
-        loss = 0.0
-        for i, row in enumerate(rows):
-            loss += row[0]
-            values = iter(row[1:])
-            for blob_id in net.output_blob_ids:
-                for _ in range(net.blobs_list[blob_id].count):
-                    log.info("Batch %d, %s = %s", i, net.blob_names[blob_id], fmt(numpy.float32(next(values))))
-            scores = list(row[1:]) if scores is None else [a + b for a, b in zip(scores, row[1:])]
-        loss /= max(args.iterations, 1)
-        log.info("Loss: %s", fmt(numpy.float32(loss)))
-        index = 0
-        for blob_id in net.output_blob_ids:
-            name = net.blob_names[blob_id]
-            weight = net.blob_loss_weights[blob_id]
-            for _ in range(net.blobs_list[blob_id].count):
-                mean = numpy.float32(scores[index] / args.iterations) if scores else numpy.float32("nan")
-                extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * mean)} loss)" if weight else ""
-                log.info("%s = %s%s", name, fmt(mean), extra)
-                index += 1
+        if rows is not None:  # None on all but the root: it reports for everyone
+            _report_scores(net, rows, args.iterations)
     finally:
         net.close()
     return 0
 
 
+def _report_scores(net, rows, iterations):
+    """Caffe's `caffe test` report: every batch's outputs, the mean loss, the mean of every output."""
+    outputs = [(net.blob_names[blob_id], net.blob_loss_weights[blob_id])
+               for blob_id in net.output_blob_ids for _ in range(net.blobs_list[blob_id].count)]
+    totals = None
+    loss = 0.0
+    for i, row in enumerate(rows):
+        loss += row[0]
+        for (name, _), value in zip(outputs, row[1:]):
+            log.info("Batch %d, %s = %s", i, name, fmt(numpy.float32(value)))
+        totals = list(row[1:]) if totals is None else [a + b for a, b in zip(totals, row[1:])]
+    log.info("Loss: %s", fmt(numpy.float32(loss / max(iterations, 1))))
+    for index, (name, weight) in enumerate(outputs):
+        log.info(output_line(name, numpy.float32(totals[index] / iterations) if totals else numpy.float32("nan"),
+                             weight))
+
+
 # ---------------------------------------------------------------- time
 
+@command("time", "benchmark layer by layer", "--model=M [--iterations=50]", _MODEL_FLAGS + (
+    flag("--weights", default="", help="optional .caffemodel (default: filler weights)"),
+    flag("--iterations", type=int, default=50, help="number of forward-backward passes")))
 def _time(args):
     from scaffe.net import Net
     if not args.model:
@@ -380,6 +397,8 @@ def _time(args):
 
 # ---------------------------------------------------------------- device_query
 
+@command("device_query", "show the CPU and any GPUs",
+         flags=[flag("--gpu", default="", help="GPU id(s) to describe")])
 def _device_query(args):
     cores = os.cpu_count() or 1
     log.info("CPU: %s, %d logical cores, %s", platform.processor() or platform.machine(), cores, platform.platform())
@@ -396,11 +415,7 @@ def _device_query(args):
         if args.gpu:
             raise CliError(f"--gpu={args.gpu}: no CUDA GPU is usable here")
         return 0
-    count = cupy.cuda.runtime.getDeviceCount()
-    ids = list(range(count)) if not args.gpu or args.gpu == "all" else [int(g) for g in args.gpu.split(",")]
-    for g in ids:
-        if not 0 <= g < count:
-            raise CliError(f"--gpu={args.gpu}: device {g} does not exist ({count} GPU(s) here)")
+    for g in _gpu_ids(args.gpu, cupy.cuda.runtime.getDeviceCount()):
         props = cupy.cuda.runtime.getDeviceProperties(g)
         log.info("Querying GPUs %d", g)
         log.info("Device id:                     %d", g)
@@ -419,6 +434,8 @@ def _device_query(args):
 
 # ---------------------------------------------------------------- data tools
 
+@command("convert", "build LMDBs (no ARGS for mnist: the bundled digits into examples/mnist)",
+         "mnist|imageset ARGS", parses_own_flags=True)
 def _convert(argv):
     kind, argv = (argv[0], argv[1:]) if argv else ("", [])
     if kind == "mnist":
@@ -439,82 +456,58 @@ def _convert(argv):
                      f"got {kind!r}")
 
 
-def _compute_image_mean(argv):
-    from scaffe.tools import compute_image_mean
-    return compute_image_mean.main(argv)
+def _tool(module, *leading):
+    """A handler running `scaffe.tools.<module>.main(*leading, argv)`, imported when it runs."""
+    return lambda argv: importlib.import_module(f"scaffe.tools.{module}").main(*leading, argv)
 
 
-def _extract_features(argv):
-    from scaffe.tools import extract_features
-    return extract_features.main(argv)
+for _name, _arguments, _summary in (
+        ("compute_image_mean", "DB [OUT]", "the mean image of an LMDB, as a binaryproto"),
+        ("extract_features", "WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]",
+         "store blobs of a forward pass, one Datum per sample")):
+    command(_name, _summary, _arguments, parses_own_flags=True)(_tool(_name))
+for _name, _summary in (("upgrade_net_proto_text", "rewrite an old (V0/V1) net prototxt in today's format"),
+                        ("upgrade_net_proto_binary", "the same for a .caffemodel"),
+                        ("upgrade_solver_proto_text", 'the same for a solver (solver_type: ADAM -> type: "Adam")')):
+    command(_name, _summary, "IN OUT", parses_own_flags=True)(_tool("upgrade_proto", _name))
 
-
-def _upgrade_proto(tool, argv):
-    from scaffe.tools import upgrade_proto
-    return upgrade_proto.main(tool, argv)
-
-
-_HANDLERS = {"train": _train, "test": _test, "time": _time, "device_query": _device_query}
-
-# Caffe's tools parse their own arguments (flags in gflags spelling, anywhere on the line): they
-# get the argument list as it is, never through the parser above.
-_TOOLS = {"convert": _convert, "compute_image_mean": _compute_image_mean, "extract_features": _extract_features,
-          **{name: functools.partial(_upgrade_proto, name) for name in ("upgrade_net_proto_text", "upgrade_net_proto_binary",
-                                                    "upgrade_solver_proto_text")}}
-
-
-def _run_tool(command, argv):
-    try:
-        return int(_TOOLS[command](argv) or 0)
-    except SystemExit as e:  # --help, or a command line the tool's parser refused
-        if isinstance(e.code, str):
-            sys.stderr.write(e.code + "\n")
-            return 2
-        return int(e.code or 0)
-    except (ValueError, OSError, RuntimeError) as e:
-        _fail(command, e)
-        return 1
+COMMANDS = tuple(_COMMANDS)
 
 
 def main(argv=None):
     """Entry point of the `scaffe` console script and of `python -m scaffe`; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
-        sys.stdout.write(_USAGE)
+        sys.stdout.write(_usage())
         return 0 if argv else 2
-    if argv[0] not in COMMANDS:
+    cmd = _COMMANDS.get(argv[0])
+    if cmd is None:
         sys.stderr.write(f"scaffe: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}\n")
         return 2
-    if argv[0] in _TOOLS:
-        setup_logging()
-        return _run_tool(argv[0], argv[1:])
-    argv = [argv[0]] + _gflags_to_gnu(argv[1:])
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
     setup_logging()
-    from scaffe.io import CaffeFormatError
-    from scaffe.net import NetError
-    from scaffe.solvers.solver import SolverError
     try:
-        return int(_HANDLERS[args.command](args) or 0)
-    except (CliError, NetError, SolverError, CaffeFormatError) as e:
-        _fail(args.command, e)
-    except (ValueError, OSError, RuntimeError, KeyError, NotImplementedError) as e:
-        _fail(args.command, e)
+        args = argv[1:] if cmd.parses_own_flags else _parser().parse_args([cmd.name] + _gflags_to_gnu(argv[1:]))
+        return int(cmd.handler(args) or 0)
+    except SystemExit as e:  # --help, or a command line a parser refused
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+            return 2
+        return int(e.code or 0)
+    # NetError, SolverError and CaffeFormatError are ValueErrors or RuntimeErrors.
+    except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError) as e:
+        _fail(cmd.name, e)
     except KeyboardInterrupt:
-        sys.stderr.write(f"scaffe {args.command}: interrupted\n")
+        sys.stderr.write(f"scaffe {cmd.name}: interrupted\n")
         return 130
     return 1
 
 
-def _fail(command, err):
+def _fail(command_name, err):
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, KeyError):
         text = f"missing {text}"
     sys.stderr.flush()
-    sys.stderr.write(f"scaffe {command}: error: {text}\n")
+    sys.stderr.write(f"scaffe {command_name}: error: {text}\n")
     sys.stderr.flush()
 
 

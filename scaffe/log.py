@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+import numpy
+
 LOGGER_NAME = "scaffe"
 
 _LEVEL_LETTERS = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E",
@@ -81,3 +83,12 @@ def setup_logging(level=logging.INFO, stream=None):
 def fmt(value):
     """A number the way C++ `ostream << float` prints it: 6 significant digits, %g style."""
     return f"{float(value):g}"
+
+
+def output_line(name, value, loss_weight):
+    """A net output as Caffe's solver and `caffe test` log it: `name = value`, and for a loss output
+    ` (* weight = weighted loss)`, the product taken in float32 as Caffe's Dtype."""
+    line = f"{name} = {fmt(value)}"
+    if loss_weight:
+        line += f" (* {fmt(loss_weight)} = {fmt(numpy.float32(loss_weight) * numpy.float32(value))} loss)"
+    return line

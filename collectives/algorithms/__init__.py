@@ -6,7 +6,6 @@ is the `collectives.Comm` and `call` the validated `Call`. Adding an algorithm t
 `Comm` then calls the wrapped MPI itself with the user's own arguments, as it does for every call it
 cannot compute.
 """
-import os
 
 from collectives.algorithms import chain, flat, hierarchical, tree
 
@@ -44,16 +43,6 @@ def threshold(kind, several_nodes, compiled=True):
 
 def names():
     return sorted(_ALGORITHMS)
-
-
-def forced():
-    """The algorithm named by SCAFFE_REDUCE_ALGO, or None."""
-    name = os.environ.get("SCAFFE_REDUCE_ALGO", "").strip().lower()
-    if not name:
-        return None
-    if name not in _ALGORITHMS:
-        raise ValueError(f"SCAFFE_REDUCE_ALGO={name!r} is not one of {', '.join(names())}")
-    return name
 
 
 def select(kind, nbytes, override=None, several_nodes=False, compiled=True):

@@ -16,7 +16,7 @@ from google.protobuf import text_format
 
 from scaffe import io as sio
 from scaffe.io import copy_message, to_host
-from scaffe.log import fmt, get_logger
+from scaffe.log import fmt, get_logger, output_line
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
 from scaffe.solvers.lr_policy import learning_rate
@@ -324,8 +324,7 @@ class Solver:
             weight = net.blob_loss_weights[blob_id]
             values = numpy.asarray(to_host(net.blobs_list[blob_id].data)).ravel()
             for v in values:
-                extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(v))} loss)" if weight else ""
-                log.info("    %s #%d: %s = %s%s", title, index, name, fmt(v), extra)
+                log.info("    %s #%d: %s", title, index, output_line(name, v, weight))
                 index += 1
 
     # ------------------------------------------------------------ testing
@@ -388,8 +387,7 @@ class Solver:
             name = net.blob_names[blob_id]
             weight = net.blob_loss_weights[blob_id]
             mean = float(numpy.float32(total / iterations))
-            extra = f" (* {fmt(weight)} = {fmt(numpy.float32(weight) * numpy.float32(mean))} loss)" if weight else ""
-            log.info("    Test net output #%d: %s = %s%s", index, name, fmt(mean), extra)
+            log.info("    Test net output #%d: %s", index, output_line(name, mean, weight))
             results[key] = mean
         for listener in self.listeners:
             if hasattr(listener, "on_test"):

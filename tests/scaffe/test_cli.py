@@ -281,3 +281,21 @@ def test_log_csv_has_test_columns(zoo_dir, capsys):
     assert [r["iteration"] for r in rows] == ["0", "1", "2"]
     assert rows[0]["test0_acc"] != "" and rows[1]["test0_acc"] == "" and rows[2]["test0_loss"] != ""
     assert 0 < float(rows[0]["test0_loss"]) < 10 and 0 <= float(rows[2]["test0_acc"]) <= 1
+
+
+def test_gpu_ids_are_parsed_and_checked_in_one_place():
+    from scaffe.cli import CliError, _gpu_ids
+    assert _gpu_ids("1", 2) == [1] and _gpu_ids("0,1", 2) == [0, 1]
+    assert _gpu_ids("all", 3) == [0, 1, 2] and _gpu_ids("", 2) == [0, 1]
+    for flag, fragment in (("x", "give device ids like 0 or 0,1, or all"), (",", "give device ids"),
+                           ("0,2", "device 2 does not exist (2 GPU(s) here)")):
+        with pytest.raises(CliError, match=re.escape(f"--gpu={flag}: {fragment}")):
+            _gpu_ids(flag, 2)
+
+
+def test_usage_lists_every_registered_command(capsys):
+    from scaffe.cli import COMMANDS
+    assert main([]) == 2
+    lines = capsys.readouterr().out.splitlines()
+    for command in COMMANDS:
+        assert any(line.startswith(f"  {command} ") for line in lines), command

@@ -1,0 +1,45 @@
+"""collectives.settings: each SCAFFE_* variable's default, value and one-line error."""
+import pytest
+
+from collectives import settings
+
+
+def test_defaults(monkeypatch):
+    for name in ("SCAFFE_REDUCE_ALGO", "SCAFFE_CHUNK_BYTES", "SCAFFE_SHM_CHUNK_BYTES", "SCAFFE_RANKS_PER_NODE",
+                 "SCAFFE_CHECK", "SCAFFE_STALL_S", "SCAFFE_GPU", "SCAFFE_CUDA_AWARE", "SCAFFE_ABORT_ON_ERROR"):
+        monkeypatch.delenv(name, raising=False)
+    assert settings.reduce_algo(["native", "tree"]) is None
+    assert settings.chunk_bytes() == 1 << 20
+    assert [settings.shm_cell_bytes(n) for n in (1, 2, 16, 64)] == [1 << 20, 512 << 10, 64 << 10, 64 << 10]
+    assert settings.ranks_per_node() is None and settings.check() is False
+    assert settings.stall_seconds() == 60 and settings.gpu(2) is None and settings.cuda_aware_override() is None
+    assert settings.abort_on_error() is True
+
+
+@pytest.mark.parametrize("name,value,read,expected", [
+    ("SCAFFE_REDUCE_ALGO", " Tree ", lambda: settings.reduce_algo(["native", "tree"]), "tree"),
+    ("SCAFFE_SHM_CHUNK_BYTES", "2048", lambda: settings.shm_cell_bytes(4), 2048),
+    ("SCAFFE_RANKS_PER_NODE", "2", settings.ranks_per_node, 2),
+    ("SCAFFE_CHECK", "yes", settings.check, True),
+    ("SCAFFE_CHECK", "0", settings.check, False),
+    ("SCAFFE_GPU", "1", lambda: settings.gpu(2), 1),
+    ("SCAFFE_CUDA_AWARE", "0", settings.cuda_aware_override, False),
+    ("SCAFFE_ABORT_ON_ERROR", "0", settings.abort_on_error, False),
+])
+def test_values(monkeypatch, name, value, read, expected):
+    monkeypatch.setenv(name, value)
+    assert read() == expected
+
+
+@pytest.mark.parametrize("name,value,read,message", [
+    ("SCAFFE_REDUCE_ALGO", "ring", lambda: settings.reduce_algo(["tree", "native"]),
+     "SCAFFE_REDUCE_ALGO='ring' is not one of native, tree"),
+    ("SCAFFE_CHUNK_BYTES", "1MiB", settings.chunk_bytes, "SCAFFE_CHUNK_BYTES must be a positive integer, got '1MiB'"),
+    ("SCAFFE_GPU", "2", lambda: settings.gpu(2), "SCAFFE_GPU='2': this node has GPUs 0..1"),
+    ("SCAFFE_CUDA_AWARE", "yes", settings.cuda_aware_override, "SCAFFE_CUDA_AWARE must be 0 or 1, got 'yes'"),
+])
+def test_errors_name_the_variable(monkeypatch, name, value, read, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        read()
+    assert str(raised.value) == message
