@@ -18,6 +18,7 @@ import typing
 import numpy
 
 from scaffe.log import fmt, get_logger, output_line, setup_logging
+from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger("scaffe.cli")
 
@@ -154,7 +155,7 @@ def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
 
 # ---------------------------------------------------------------- train
 
-class CsvLog:
+class CsvLog(SolverCallback):
     """--log_csv: one row per training iteration (iteration, seconds since start, loss, smoothed
     loss, lr, images/s) with the test scores of that iteration in extra columns; a final test
     after the last iteration gets a row of its own."""
@@ -250,7 +251,7 @@ def _train(args):
         if args.log_csv and rank == 0:  # the root records for everyone
             columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
             csv_log = CsvLog(args.log_csv, columns)
-            solver.listeners.append(csv_log)
+            solver.callbacks.append(csv_log)
         if args.snapshot:
             log.info("Resuming from %s", args.snapshot)
             solver.restore(args.snapshot)

@@ -34,6 +34,7 @@ import time
 
 from collectives import events
 from scaffe.log import get_logger
+from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger(__name__)
 
@@ -65,7 +66,7 @@ class waiting:
             timeline.add_wait(self.what, self.layer, self.began, time.perf_counter())
 
 
-class Timeline:
+class Timeline(SolverCallback):
     """Records one rank's training; `start()` before solving, `finish(path)` after (collective)."""
 
     def __init__(self, solver, comm):
@@ -92,7 +93,6 @@ class Timeline:
         self.origin = time.perf_counter()
         self.net.add_hooks(on_layer_timed=self._layer_timed)
         self.solver.callbacks.append(self)
-        self.solver.listeners.append(self)
         events.add_listener(self)
         recording = self
 
@@ -103,7 +103,7 @@ class Timeline:
             recording = None
         events.remove_listener(self)
         for hooks, hook in ((self.net.layer_timed_hooks, self._layer_timed),
-                            (self.solver.callbacks, self), (self.solver.listeners, self)):
+                            (self.solver.callbacks, self)):
             if hook in hooks:
                 hooks.remove(hook)
 
@@ -113,7 +113,7 @@ class Timeline:
     def add_wait(self, what, layer, start, end):
         self._waits.append((what, layer, start, end))
 
-    # solver callbacks and listener: the schedule's callbacks run first, so the update starts here
+    # solver callbacks: the schedule's run first, so the update starts here
     def on_start(self):
         self._iteration_start = time.perf_counter()
 

@@ -4,10 +4,11 @@ from mpi4py import MPI
 
 from collectives import events
 from scaffe import timeline
+from scaffe.solvers.callbacks import SolverCallback
 from scaffe.solvers.signals import EFFECTS, request_flags
 
 
-class Schedule:
+class Schedule(SolverCallback):
     root = 0
 
     def __init__(self, solver, comm):

@@ -32,16 +32,13 @@ class SolverError(RuntimeError):
 class Solver:
     """Base of all solvers. Build with `create_solver(param)` or `Solver.from_file(path)`.
 
-    Hooks for a distributed trainer, like Caffe's Solver::Callback: objects in `callbacks` may
-    define `on_start()` (called before each iteration's forward/backward), `on_gradients_ready()`
-    (after it, before the update) and `on_test_start()` (before a test that runs on every rank).
+    Hooks for a distributed trainer and for loggers, like Caffe's Solver::Callback: `callbacks`
+    holds `SolverCallback`s (scaffe.solvers.callbacks), called in their order.
     `action_function` (a callable returning "none", "stop", "snapshot" or a set of them) is polled
     once per iteration and per test batch. A distributed schedule sets `agreement`, an object whose
     `agreed_requests()` gives the requests every rank acts on at the end of this iteration (it
     polls `local_requests()` itself); the solver then never polls on its own. `test_sharding`
     (see scaffe.parallel.sharded_testing), when set, deals the test batches out to all ranks.
-    Objects in `listeners` may define `on_iteration(record)` and `on_test(iteration, test_net_id,
-    scores)`; the CLI's --log_csv is one.
 
     Non-root solvers (`root_solver=False`) neither display nor snapshot, like Caffe's worker
     solvers; the root does those for everyone. They test only when testing is sharded.
@@ -60,12 +57,12 @@ class Solver:
         self.rank = rank
         self.net_kwargs = dict(net_kwargs or {})
         self.callbacks = []
-        self.listeners = []
         self.action_function = None
         self.agreement = None
         self.test_sharding = None
         self.requested_early_exit = False
         self._snapshot_iter = None
+        self._solve_start = None
         self.iter = 0
         self.current_step = 0
         self.losses = []
@@ -242,7 +239,7 @@ class Solver:
         stop_iter = self.iter + iters
         self.losses = []
         self.smoothed_loss = 0.0
-        if not hasattr(self, "_solve_start"):
+        if self._solve_start is None:
             self._solve_start = time.perf_counter()
         timer_start = time.perf_counter()
         iterations_last = self.iter
@@ -256,8 +253,7 @@ class Solver:
                 if self.requested_early_exit:
                     break
             for cb in self.callbacks:
-                if hasattr(cb, "on_start"):
-                    cb.on_start()
+                cb.on_start()
             iter_start = time.perf_counter()
             display = bool(p.display) and self.iter % p.display == 0
             loss = 0.0
@@ -277,18 +273,16 @@ class Solver:
                 iterations_last = self.iter
                 self._log_outputs(self.net, "Train net output")
             for cb in self.callbacks:
-                if hasattr(cb, "on_gradients_ready"):
-                    cb.on_gradients_ready()
+                cb.on_gradients_ready()
             this_iter = self.iter
             self.apply_update()
             elapsed = time.perf_counter() - iter_start
-            if self.listeners:
+            if self.callbacks:
                 record = {"iteration": this_iter, "seconds": time.perf_counter() - self._solve_start,
                           "loss": loss, "smoothed_loss": self.smoothed_loss, "lr": self.last_rate,
                           "images_per_s": batch / elapsed if elapsed > 0 else float("inf")}
-                for listener in self.listeners:
-                    if hasattr(listener, "on_iteration"):
-                        listener.on_iteration(record)
+                for cb in self.callbacks:
+                    cb.on_iteration(record)
             requests = self._requests()
             if self.root_solver and ((p.snapshot and self.iter % p.snapshot == 0) or SNAPSHOT in requests):
                 self.snapshot()
@@ -334,8 +328,7 @@ class Solver:
             return
         if self.test_sharding is not None:
             for cb in self.callbacks:
-                if hasattr(cb, "on_test_start"):
-                    cb.on_test_start()
+                cb.on_test_start()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -389,9 +382,8 @@ class Solver:
             mean = float(numpy.float32(total / iterations))
             log.info("    Test net output #%d: %s", index, output_line(name, mean, weight))
             results[key] = mean
-        for listener in self.listeners:
-            if hasattr(listener, "on_test"):
-                listener.on_test(self.iter, test_net_id, results)
+        for cb in self.callbacks:
+            cb.on_test(self.iter, test_net_id, results)
         return results
 
     # ------------------------------------------------------------ the update pipeline

@@ -16,6 +16,7 @@ from scaffe import io as sio
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import SolverError, create_solver, learning_rate, read_solver_file
+from scaffe.solvers.callbacks import SolverCallback
 from scaffe.solvers.signals import SignalHandler
 
 REF = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-reference"
@@ -30,7 +31,7 @@ def close(ours, ref, what, rtol=1e-4, scale=1e-5):
     np.testing.assert_allclose(ours, ref, rtol=rtol, atol=atol, err_msg=what)
 
 
-class Recorder:
+class Recorder(SolverCallback):
     """Listener keeping every iteration record and test score."""
 
     def __init__(self):
@@ -176,7 +177,7 @@ def tiny_solver(solver_type, **fields):
     return solver
 
 
-class StepCapture:
+class StepCapture(SolverCallback):
     """Records parameters and raw gradients at on_gradients_ready (just before each update)."""
 
     def __init__(self, solver):
@@ -277,7 +278,7 @@ def test_unknown_solver_type_lists_known_ones():
 def test_average_loss_smooths_the_displayed_loss(scaffe_log):
     solver = tiny_solver("SGD", momentum=0.9, average_loss=3, display=1, max_iter=6)
     rec = Recorder()
-    solver.listeners.append(rec)
+    solver.callbacks.append(rec)
     solver.solve()
     losses = rec.losses
     expected = [np.mean(losses[max(0, i - 2):i + 1]) for i in range(6)]
@@ -331,7 +332,7 @@ def test_iter_size_accumulates_like_one_big_batch(tmp_path):
         except NetError as e:
             pytest.skip(f"layer type not implemented yet: {e}")
         rec = Recorder()
-        solver.listeners.append(rec)
+        solver.callbacks.append(rec)
         solver.solve()
         finals.append(([b.data.copy() for b in solver.net.learnable_params], rec.losses))
         solver.net.close()
@@ -364,7 +365,7 @@ def test_sgd_one_step_gives_caffes_weights(tmp_path, monkeypatch, scaffe_log):
 def test_sgd_twenty_steps_follow_caffes_losses_weights_and_solverstate(tmp_path, monkeypatch, scaffe_log):
     solver = zoo_solver("solver_sgd.prototxt", tmp_path, monkeypatch)
     rec = Recorder()
-    solver.listeners.append(rec)
+    solver.callbacks.append(rec)
     solver.solve()
     rows = read_csv("train_loss_sgd.csv")
     for r, row in zip(rec.iterations, rows):
@@ -394,7 +395,7 @@ def test_sgd_twenty_steps_follow_caffes_losses_weights_and_solverstate(tmp_path,
 def test_adam_matches_caffe(tmp_path, monkeypatch, solver_file, model, iters):
     solver = zoo_solver(solver_file, tmp_path, monkeypatch)
     rec = Recorder()
-    solver.listeners.append(rec)
+    solver.callbacks.append(rec)
     solver.solve()
     rows = read_csv("train_loss_adam.csv")
     for r, row in zip(rec.iterations, rows):
@@ -420,7 +421,7 @@ def test_resume_restarts_data_like_caffe(tmp_path, monkeypatch):
     first.net.close()
     resumed = zoo_solver("solver_sgd.prototxt", tmp_path, monkeypatch, weights=None)
     rec = Recorder()
-    resumed.listeners.append(rec)
+    resumed.callbacks.append(rec)
     resumed.solve(str(tmp_path / "layer_zoo_sgd_iter_1.solverstate"))
     log_losses = [float(m.group(2)) for m in re.finditer(
         r"Iteration (\d+) \(.*\), loss = (\S+)", (REF / "logs" / "caffe_train_sgd_resumed_from_iter_1.log").read_text())]
@@ -438,7 +439,7 @@ def test_solver_test_net_scores_match_caffe_test(tmp_path, monkeypatch, scaffe_l
     solver.param.test_iter.append(32)
     solver.test_nets = solver._init_test_nets()
     rec = Recorder()
-    solver.listeners.append(rec)
+    solver.callbacks.append(rec)
     solver.solve()
     expected = dict(re.findall(r"caffe\.cpp:321\] (\S+) = (\S+)", (REF / "logs" / "caffe_test_iter20.log").read_text()))
     (_, _, scores), = rec.tests
@@ -494,7 +495,7 @@ def small_digits_solver(tmp_path, solver_type="SGD", max_iter=6, fmt=caffe_pb2.S
 def test_resume_from_solverstate_continues_the_exact_trajectory(tmp_path, solver_type, fmt):
     full = small_digits_solver(tmp_path, solver_type, fmt=fmt)
     rec_full = Recorder()
-    full.listeners.append(rec_full)
+    full.callbacks.append(rec_full)
     full.solve()
     final_full = [b.data.copy() for b in full.net.learnable_params]
     full.net.close()
@@ -503,7 +504,7 @@ def test_resume_from_solverstate_continues_the_exact_trajectory(tmp_path, solver
     assert state.exists() and (tmp_path / f"small_iter_6{ext}").exists()
     resumed = small_digits_solver(tmp_path, solver_type, fmt=fmt, random_seed=999)
     rec = Recorder()
-    resumed.listeners.append(rec)
+    resumed.callbacks.append(rec)
     resumed.solve(str(state))
     assert [r["iteration"] for r in rec.iterations] == [3, 4, 5]
     assert rec.losses == [r["loss"] for r in rec_full.iterations[3:]]
@@ -535,7 +536,7 @@ def test_real_signals_snapshot_on_sighup_and_stop_on_sigint(tmp_path):
     solver = small_digits_solver(tmp_path, max_iter=10, snapshot=0)
     handler = SignalHandler("stop", "snapshot")
 
-    class Sender:
+    class Sender(SolverCallback):
         def on_start(self):
             if solver.iter == 1:
                 os.kill(os.getpid(), signal.SIGHUP)
@@ -590,7 +591,7 @@ def trained_lenet(tmp_path_factory):
     except NetError as e:
         pytest.skip(f"layer type not implemented yet: {e}")
     rec = Recorder()
-    solver.listeners.append(rec)
+    solver.callbacks.append(rec)
     start = time.perf_counter()
     solver.solve()
     seconds = time.perf_counter() - start
