@@ -6,11 +6,11 @@ averages, as in Caffe's solverstate; `momentum` is the decay of both.
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.solver import Solver
+from scaffe.solvers.sgd import SGDSolver
 
 
 @register
-class AdaDeltaSolver(Solver):
+class AdaDeltaSolver(SGDSolver):
     type = "AdaDelta"
     history_sets = 2
 

@@ -9,11 +9,11 @@ import math
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.solver import Solver
+from scaffe.solvers.sgd import SGDSolver
 
 
 @register
-class AdamSolver(Solver):
+class AdamSolver(SGDSolver):
     type = "Adam"
     history_sets = 2
 

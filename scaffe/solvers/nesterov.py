@@ -2,11 +2,11 @@
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.solver import Solver
+from scaffe.solvers.sgd import SGDSolver
 
 
 @register
-class NesterovSolver(Solver):
+class NesterovSolver(SGDSolver):
     type = "Nesterov"
 
     def compute_update_value(self, param_id, rate):

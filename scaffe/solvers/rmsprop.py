@@ -2,11 +2,12 @@
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.solver import Solver, SolverError
+from scaffe.solvers.sgd import SGDSolver
+from scaffe.solvers.solver import SolverError
 
 
 @register
-class RMSPropSolver(Solver):
+class RMSPropSolver(SGDSolver):
     type = "RMSProp"
 
     def __init__(self, param, **kwargs):

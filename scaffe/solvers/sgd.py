@@ -1,17 +1,134 @@
-"""SGD with momentum, Caffe's SGDSolver: h = momentum * h + lr * lr_mult * g; step = h."""
+"""SGD with momentum, Caffe's SGDSolver: the update pipeline every solver shares, and its history.
+
+ApplyUpdate follows Caffe's exactly, because users compare loss curves and saved weights with
+Caffe's: learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
+(L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
+SGD's update value: h = momentum * h + lr * lr_mult * g; step = h. The other solvers (one file
+each) subclass this one and replace only `compute_update_value`.
+"""
+import math
+
 import numpy
 
+from scaffe import io as sio
+from scaffe.io import to_host
+from scaffe.log import fmt, get_logger
+from scaffe.proto import caffe_pb2
 from scaffe.solvers import register
-from scaffe.solvers.solver import Solver
+from scaffe.solvers.lr_policy import learning_rate
+from scaffe.solvers.solver import Solver, SolverError
+
+log = get_logger(__name__)
 
 
 @register
 class SGDSolver(Solver):
     type = "SGD"
+    # How many history blobs per learnable blob the solverstate holds (Adam, AdaDelta: 2).
+    history_sets = 1
+
+    def __init__(self, param, **kwargs):
+        super().__init__(param, **kwargs)
+        self.history = [blob.xp.zeros(blob.shape, dtype=blob.dtype)
+                        for _ in range(self.history_sets) for blob in self.net.learnable_params]
+
+    # ------------------------------------------------------------ the update pipeline
+
+    def get_learning_rate(self):
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        return rate
+
+    def apply_update(self):
+        """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob."""
+        rate = self.get_learning_rate()
+        self.last_rate = rate
+        if self.root_solver and self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
+        self.clip_gradients()
+        for param_id in range(len(self.net.learnable_params)):
+            self.normalize(param_id)
+            self.regularize(param_id)
+            self.compute_update_value(param_id, rate)
+        self.net.update()
+        # iter counts the updates applied so far.
+        self.iter += 1
+
+    def clip_gradients(self):
+        clip = float(numpy.float32(self.param.clip_gradients))
+        if clip < 0:
+            return
+        sumsq = 0.0
+        for blob in self.net.learnable_params:
+            d = blob.diff
+            sumsq += float((d.astype(numpy.float64) ** 2).sum()) if isinstance(d, numpy.ndarray) else float((d * d).sum())
+        l2norm = math.sqrt(sumsq)
+        if l2norm > clip:
+            scale = numpy.float32(clip / l2norm)
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                     fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
+            for blob in self.net.learnable_params:
+                blob.diff *= scale
+
+    def normalize(self, param_id):
+        if self.param.iter_size != 1:
+            self.net.learnable_params[param_id].diff *= numpy.float32(1.0 / self.param.iter_size)
+
+    def regularize(self, param_id):
+        blob = self.net.learnable_params[param_id]
+        local_decay = numpy.float32(self.param.weight_decay) * numpy.float32(self.net.params_weight_decay[param_id])
+        if not local_decay:
+            return
+        kind = self.param.regularization_type
+        if kind == "L2":
+            blob.diff += local_decay * blob.data
+        elif kind == "L1":
+            blob.diff += local_decay * blob.xp.sign(blob.data)
+        else:
+            raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
+
+    def local_rate(self, param_id, rate):
+        return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])
 
     def compute_update_value(self, param_id, rate):
+        """Turns blob `param_id`'s gradient (in diff) into the step to subtract (left in diff)."""
         blob = self.net.learnable_params[param_id]
         history = self.history[param_id]
         history *= numpy.float32(self.param.momentum)
         history += self.local_rate(param_id, rate) * blob.diff
         blob.diff[...] = history
+
+    # ------------------------------------------------------------ the history in the solverstate
+
+    def snapshot_solver_state(self, model_filename):
+        history = [to_host(h) for h in self.history]
+        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
+            filename = self.snapshot_filename(".solverstate.h5")
+            log.info("Snapshotting solver state to HDF5 file %s", filename)
+            sio.write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step, history)
+        else:
+            state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_filename,
+                                          current_step=self.current_step)
+            for h in history:
+                sio.array_to_blobproto(h, blob=state.history.add())
+            filename = self.snapshot_filename(".solverstate")
+            log.info("Snapshotting solver state to binary proto file %s", filename)
+            sio.write_solverstate(state, filename)
+        return filename
+
+    def restore_solver_state(self, state, state_file):
+        self.current_step = int(state.current_step)
+        if len(state.history) != len(self.history):
+            raise SolverError(f"{state_file}: holds {len(state.history)} history blobs, the {self.type} solver for "
+                              f"this net needs {len(self.history)}: incorrect length of history blobs")
+        log.info("SGDSolver: restoring history")
+        for i, stored in enumerate(state.history):
+            target = self.history[i]
+            try:
+                values = sio.blobproto_to_array(stored, shape=target.shape)
+            except ValueError as e:
+                raise SolverError(f"{state_file}: history blob {i}: {e}") from None
+            if isinstance(target, numpy.ndarray):
+                target[...] = values
+            else:
+                import cupy
+                target[...] = cupy.asarray(values)

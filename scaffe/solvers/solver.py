@@ -1,11 +1,9 @@
-"""Solver: Caffe's training loop (test, forward/backward, display, update, snapshot) and update pipeline.
+"""Solver: Caffe's training loop (test, forward/backward, display, update, snapshot, restore).
 
-Each iteration follows BVLC Caffe's Solver::Step and SGDSolver::ApplyUpdate exactly, because
-users compare loss curves and saved weights with Caffe's:
-clear gradients -> (test) -> forward/backward iter_size times -> display -> callbacks ->
-learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
-(L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
-Subclasses (one file each) only implement `compute_update_value`.
+Each iteration follows BVLC Caffe's Solver::Step exactly, because users compare loss curves and
+saved weights with Caffe's: clear gradients -> (test) -> forward/backward iter_size times ->
+display -> callbacks -> update -> snapshot/stop requests. The update and its history belong to
+SGDSolver (scaffe.solvers.sgd), which every solver type derives from, as in Caffe.
 """
 import math
 import os
@@ -19,7 +17,6 @@ from scaffe.io import copy_message, to_host
 from scaffe.log import fmt, get_logger, output_line
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
-from scaffe.solvers.lr_policy import learning_rate
 from scaffe.solvers.signals import SNAPSHOT, STOP, as_requests
 
 log = get_logger(__name__)
@@ -45,8 +42,6 @@ class Solver:
     """
 
     type = None
-    # How many history blobs per learnable blob the solverstate holds (Adam, AdaDelta: 2).
-    history_sets = 1
 
     def __init__(self, param, *, source=None, train_net=None, test_nets=None, root_solver=True,
                  rank=0, net_kwargs=None):
@@ -81,7 +76,6 @@ class Solver:
         self.test_nets = list(test_nets) if test_nets is not None else self._init_test_nets()
         if root_solver:
             log.info("Solver scaffolding done.")
-        self.history = [self._zeros_like(b) for _ in range(self.history_sets) for b in self.net.learnable_params]
 
     @classmethod
     def from_file(cls, path, **kwargs):
@@ -92,10 +86,6 @@ class Solver:
 
     def _where(self):
         return f"{self.source}: " if self.source else ""
-
-    @staticmethod
-    def _zeros_like(blob):
-        return blob.xp.zeros(blob.shape, dtype=blob.dtype)
 
     # ------------------------------------------------------------ building the nets
 
@@ -386,65 +376,8 @@ class Solver:
             cb.on_test(self.iter, test_net_id, results)
         return results
 
-    # ------------------------------------------------------------ the update pipeline
-
-    def get_learning_rate(self):
-        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
-        return rate
-
     def apply_update(self):
-        """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob."""
-        rate = self.get_learning_rate()
-        self.last_rate = rate
-        if self.root_solver and self.param.display and self.iter % self.param.display == 0:
-            log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
-        self.clip_gradients()
-        for param_id in range(len(self.net.learnable_params)):
-            self.normalize(param_id)
-            self.regularize(param_id)
-            self.compute_update_value(param_id, rate)
-        self.net.update()
-        # iter counts the updates applied so far.
-        self.iter += 1
-
-    def clip_gradients(self):
-        clip = float(numpy.float32(self.param.clip_gradients))
-        if clip < 0:
-            return
-        sumsq = 0.0
-        for blob in self.net.learnable_params:
-            d = blob.diff
-            sumsq += float((d.astype(numpy.float64) ** 2).sum()) if isinstance(d, numpy.ndarray) else float((d * d).sum())
-        l2norm = math.sqrt(sumsq)
-        if l2norm > clip:
-            scale = numpy.float32(clip / l2norm)
-            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
-                     fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
-            for blob in self.net.learnable_params:
-                blob.diff *= scale
-
-    def normalize(self, param_id):
-        if self.param.iter_size != 1:
-            self.net.learnable_params[param_id].diff *= numpy.float32(1.0 / self.param.iter_size)
-
-    def regularize(self, param_id):
-        blob = self.net.learnable_params[param_id]
-        local_decay = numpy.float32(self.param.weight_decay) * numpy.float32(self.net.params_weight_decay[param_id])
-        if not local_decay:
-            return
-        kind = self.param.regularization_type
-        if kind == "L2":
-            blob.diff += local_decay * blob.data
-        elif kind == "L1":
-            blob.diff += local_decay * blob.xp.sign(blob.data)
-        else:
-            raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
-
-    def local_rate(self, param_id, rate):
-        return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])
-
-    def compute_update_value(self, param_id, rate):
-        """Turns blob `param_id`'s gradient (in diff) into the step to subtract (left in diff)."""
+        """Turns the gradients into the new parameters (Caffe's ApplyUpdate; see SGDSolver)."""
         raise NotImplementedError(f"solver type {self.type} has no update rule")
 
     # ------------------------------------------------------------ snapshots
@@ -467,20 +400,12 @@ class Solver:
         return model_filename
 
     def snapshot_solver_state(self, model_filename):
-        history = [to_host(h) for h in self.history]
-        if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
-            filename = self.snapshot_filename(".solverstate.h5")
-            log.info("Snapshotting solver state to HDF5 file %s", filename)
-            sio.write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step, history)
-        else:
-            state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_filename,
-                                          current_step=self.current_step)
-            for h in history:
-                sio.array_to_blobproto(h, blob=state.history.add())
-            filename = self.snapshot_filename(".solverstate")
-            log.info("Snapshotting solver state to binary proto file %s", filename)
-            sio.write_solverstate(state, filename)
-        return filename
+        """Writes the .solverstate(.h5) that goes with `model_filename`; returns its name."""
+        raise NotImplementedError(f"solver type {self.type} has no solver state")
+
+    def restore_solver_state(self, state, state_file):
+        """Takes what the update needs (current_step, history) from SolverState `state`."""
+        raise NotImplementedError(f"solver type {self.type} has no solver state")
 
     def restore(self, state_file):
         """Restores iteration, weights (from the state's learned_net) and history. As in Caffe,
@@ -504,23 +429,7 @@ class Solver:
                 self.net.copy_trained_layers_from(model)
             except NetError as e:
                 raise SolverError(f"{state_file}: learned_net: {e}") from None
-        self.current_step = int(state.current_step)
-        if len(state.history) != len(self.history):
-            raise SolverError(f"{state_file}: holds {len(state.history)} history blobs, the {self.type} solver for "
-                              f"this net needs {len(self.history)}: incorrect length of history blobs")
-        # Every Caffe solver derives from SGDSolver, whose restore prints this line.
-        log.info("SGDSolver: restoring history")
-        for i, stored in enumerate(state.history):
-            target = self.history[i]
-            try:
-                values = sio.blobproto_to_array(stored, shape=target.shape)
-            except ValueError as e:
-                raise SolverError(f"{state_file}: history blob {i}: {e}") from None
-            if isinstance(target, numpy.ndarray):
-                target[...] = values
-            else:
-                import cupy
-                target[...] = cupy.asarray(values)
+        self.restore_solver_state(state, state_file)
 
 
 def test_output_keys(net):
