@@ -27,11 +27,8 @@ import numpy
 from mpi4py import MPI
 
 from collectives import events
-from scaffe.log import fmt, get_logger
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
-
-log = get_logger("scaffe.solvers.solver")  # the update's lines, as the solver logs them
 
 
 class SCaffeSchedule(Schedule):
@@ -43,11 +40,10 @@ class SCaffeSchedule(Schedule):
         self._propagating = []  # this iteration's parameter broadcasts
         self._reduces = []     # (learnable id, layer index, request) of this iteration's gradient reduces
         self._updated = 0      # how many of them the root has updated and broadcast
-        self._rate = None
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
         self._announce = self._flags_reduce = None
-        solver.apply_update = self._finish_update
+        solver.applies_update = False  # the root updates blob by blob below, the others receive it
 
     def on_start(self):
         self.passes = 0
@@ -93,7 +89,7 @@ class SCaffeSchedule(Schedule):
             if not self._per_layer:
                 self.wait_all([request for _, _, request in self._reduces], "gradients")
                 self._average([pid for pid, _, _ in self._reduces])
-                self._begin_update()
+                self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
             self._update_arrived(wait=True)
         self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
@@ -114,12 +110,8 @@ class SCaffeSchedule(Schedule):
             self._updated += 1
             if self._per_layer:  # else every blob was averaged and clipped before
                 self._average([pid])
-                if self._rate is None:
-                    self._begin_update()
-            solver, blob = self.solver, self.params[pid]
-            solver.normalize(pid)
-            solver.regularize(pid)
-            solver.compute_update_value(pid, self._rate)
+            blob = self.params[pid]
+            self.solver.compute_step(pid, self.solver.get_learning_rate())
             blob.data -= blob.diff
             self._propagate(layer_id, [pid])
 
@@ -128,22 +120,10 @@ class SCaffeSchedule(Schedule):
         for pid in pids:
             self.params[pid].diff *= scale
 
-    def _begin_update(self):
-        self._rate = self.solver.get_learning_rate()
-
     def _propagate(self, layer_id, pids):
         with events.labelled(("parameters", (layer_id,))):
             for pid in pids:
                 self._propagating.append(self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root))
-
-    def _finish_update(self):
-        """Solver.apply_update's bookkeeping; the blobs were updated (root) or received (others) above."""
-        solver = self.solver
-        rate = self._rate if self._rate is not None else solver.get_learning_rate()
-        solver.last_rate, self._rate = rate, None
-        if solver.root_solver and solver.param.display and solver.iter % solver.param.display == 0:
-            log.info("Iteration %d, lr = %s", solver.iter, fmt(rate))
-        solver.iter += 1
 
     # ------------------------------------------------------------ stop/snapshot requests
 

@@ -31,27 +31,36 @@ class SGDSolver(Solver):
         super().__init__(param, **kwargs)
         self.history = [blob.xp.zeros(blob.shape, dtype=blob.dtype)
                         for _ in range(self.history_sets) for blob in self.net.learnable_params]
+        self._rate = None  # this update's rate, once asked for
 
     # ------------------------------------------------------------ the update pipeline
 
     def get_learning_rate(self):
-        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
-        return rate
+        """This update's rate (Caffe's GetLearningRate), computed once per update: a schedule that
+        updates blobs before apply_update asks for it first ("multistep" counts each computation)."""
+        if self._rate is None:
+            self._rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        return self._rate
 
     def apply_update(self):
-        """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob."""
+        """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob. With
+        `applies_update` False a schedule has updated the blobs: only the rate is accounted for."""
         rate = self.get_learning_rate()
-        self.last_rate = rate
-        if self.root_solver and self.param.display and self.iter % self.param.display == 0:
+        self.last_rate, self._rate = rate, None
+        if self.root_solver and self._display_due():
             log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
+        if not self.applies_update:
+            return
         self.clip_gradients()
         for param_id in range(len(self.net.learnable_params)):
-            self.normalize(param_id)
-            self.regularize(param_id)
-            self.compute_update_value(param_id, rate)
+            self.compute_step(param_id, rate)
         self.net.update()
-        # iter counts the updates applied so far.
-        self.iter += 1
+
+    def compute_step(self, param_id, rate):
+        """The per-blob part of ApplyUpdate: leaves in blob `param_id`'s diff what to subtract."""
+        self.normalize(param_id)
+        self.regularize(param_id)
+        self.compute_update_value(param_id, rate)
 
     def clip_gradients(self):
         clip = float(numpy.float32(self.param.clip_gradients))

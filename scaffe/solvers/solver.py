@@ -36,6 +36,8 @@ class Solver:
     `agreed_requests()` gives the requests every rank acts on at the end of this iteration (it
     polls `local_requests()` itself); the solver then never polls on its own. `test_sharding`
     (see scaffe.parallel.sharded_testing), when set, deals the test batches out to all ranks.
+    A schedule that updates the parameters itself (the scaffe schedule's root, blob by blob, for
+    every rank) sets `applies_update` False: apply_update then only accounts for the rate.
 
     Non-root solvers (`root_solver=False`) neither display nor snapshot, like Caffe's worker
     solvers; the root does those for everyone. They test only when testing is sharded.
@@ -63,6 +65,7 @@ class Solver:
         self.losses = []
         self.smoothed_loss = 0.0
         self.last_rate = None
+        self.applies_update = True
         if root_solver:
             log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(self.param))
         if self.param.average_loss < 1:
@@ -214,7 +217,7 @@ class Solver:
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
             return
-        if self.param.display and self.iter % self.param.display == 0:
+        if self._display_due():
             loss = self.net.forward()
             self._update_smoothed_loss(loss, start_iter)
             if self.root_solver:
@@ -231,54 +234,74 @@ class Solver:
         self.smoothed_loss = 0.0
         if self._solve_start is None:
             self._solve_start = time.perf_counter()
-        timer_start = time.perf_counter()
-        iterations_last = self.iter
-        batch = self.net.batch_size * self.param.iter_size
+        self._display_timer, self._display_iter = time.perf_counter(), self.iter
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
-            p = self.param
-            if (p.test_interval and self.iter % p.test_interval == 0
-                    and (self.iter > 0 or p.test_initialization)):
+            if self._test_due():
                 self.test_all()
                 if self.requested_early_exit:
                     break
             for cb in self.callbacks:
                 cb.on_start()
             iter_start = time.perf_counter()
-            display = bool(p.display) and self.iter % p.display == 0
-            loss = 0.0
-            for _ in range(p.iter_size):
-                loss += self.forward_backward()
-            loss /= p.iter_size
-            if not math.isfinite(loss):
-                raise SolverError(f"{self._where()}iteration {self.iter}: the loss is {loss} "
-                                  f"(diverged); lower base_lr or check the data and the net")
+            loss = self._forward_backward_passes()
             self._update_smoothed_loss(loss, start_iter)
-            if display and self.root_solver:
-                lapse = time.perf_counter() - timer_start
-                per_s = (self.iter - iterations_last) / (lapse if lapse else 1.0)
-                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, fmt(per_s),
-                         fmt(lapse), p.display, fmt(self.smoothed_loss))
-                timer_start = time.perf_counter()
-                iterations_last = self.iter
-                self._log_outputs(self.net, "Train net output")
+            if self.root_solver and self._display_due():
+                self._display()
             for cb in self.callbacks:
                 cb.on_gradients_ready()
-            this_iter = self.iter
             self.apply_update()
-            elapsed = time.perf_counter() - iter_start
-            if self.callbacks:
-                record = {"iteration": this_iter, "seconds": time.perf_counter() - self._solve_start,
-                          "loss": loss, "smoothed_loss": self.smoothed_loss, "lr": self.last_rate,
-                          "images_per_s": batch / elapsed if elapsed > 0 else float("inf")}
-                for cb in self.callbacks:
-                    cb.on_iteration(record)
-            requests = self._requests()
-            if self.root_solver and ((p.snapshot and self.iter % p.snapshot == 0) or SNAPSHOT in requests):
-                self.snapshot()
-            if STOP in requests:
-                self.requested_early_exit = True
+            self.iter += 1  # iter counts the updates applied so far
+            self._report_iteration(loss, iter_start)
+            if self._snapshot_or_stop():
                 break
+
+    def _test_due(self):
+        p = self.param
+        return p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization)
+
+    def _display_due(self):
+        return bool(self.param.display) and self.iter % self.param.display == 0
+
+    def _forward_backward_passes(self):
+        """iter_size forward/backward passes, their gradients summed; returns their mean loss."""
+        loss = 0.0
+        for _ in range(self.param.iter_size):
+            loss += self.forward_backward()
+        loss /= self.param.iter_size
+        if not math.isfinite(loss):
+            raise SolverError(f"{self._where()}iteration {self.iter}: the loss is {loss} "
+                              f"(diverged); lower base_lr or check the data and the net")
+        return loss
+
+    def _display(self):
+        lapse = time.perf_counter() - self._display_timer
+        per_s = (self.iter - self._display_iter) / (lapse if lapse else 1.0)
+        log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter, fmt(per_s),
+                 fmt(lapse), self.param.display, fmt(self.smoothed_loss))
+        self._display_timer, self._display_iter = time.perf_counter(), self.iter
+        self._log_outputs(self.net, "Train net output")
+
+    def _report_iteration(self, loss, iter_start):
+        """Gives the callbacks the record of the iteration just finished."""
+        elapsed = time.perf_counter() - iter_start
+        batch = self.net.batch_size * self.param.iter_size
+        record = {"iteration": self.iter - 1, "seconds": time.perf_counter() - self._solve_start,
+                  "loss": loss, "smoothed_loss": self.smoothed_loss, "lr": self.last_rate,
+                  "images_per_s": batch / elapsed if elapsed > 0 else float("inf")}
+        for cb in self.callbacks:
+            cb.on_iteration(record)
+
+    def _snapshot_or_stop(self):
+        """Snapshots when due or requested; True when a stop was requested."""
+        requests = self._requests()
+        if self.root_solver and ((self.param.snapshot and self.iter % self.param.snapshot == 0)
+                                 or SNAPSHOT in requests):
+            self.snapshot()
+        if STOP in requests:
+            self.requested_early_exit = True
+            return True
+        return False
 
     def forward_backward(self):
         """One forward and backward pass of the training net; returns its loss. A distributed
