@@ -137,6 +137,23 @@ class Solver:
         return net
 
     def _init_test_nets(self):
+        self._check_test_settings()
+        nets = []
+        for i, (net_param, what, source) in enumerate(self._test_net_params()):
+            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
+            state.MergeFrom(net_param.state)
+            if len(self.param.test_state):
+                state.MergeFrom(self.param.test_state[i])
+            net_param.state.CopyFrom(state)
+            if self.root_solver:
+                log.info("Creating test net (#%d) specified by %s", i, what)
+            net = Net(net_param, source=source, **self.net_kwargs)
+            for weights in self.param.weights:
+                load_weights(net, weights)
+            nets.append(net)
+        return nets
+
+    def _check_test_settings(self):
         p = self.param
         generic = p.HasField("net") + p.HasField("net_param")
         if generic > 1:
@@ -153,35 +170,22 @@ class Solver:
             raise SolverError(f"{self._where()}test_state must be left out or given once per test net ({instances})")
         if instances and p.test_interval <= 0:
             raise SolverError(f"{self._where()}test_iter is given, so test_interval must be > 0")
-        params, sources = [], []
+
+    def _test_net_params(self):
+        """(NetParameter, how the log names it, source) per test net: test_net_param, test_net,
+        then the generic net for the test_iter left over, as Caffe's InitTestNets orders them."""
+        p = self.param
+        params = []
         for tp in p.test_net_param:
-            params.append(copy_message(tp))
-            sources.append(("test_net_param", f"{self.source or '<solver>'} (test_net_param)"))
+            params.append((copy_message(tp), "test_net_param", f"{self.source or '<solver>'} (test_net_param)"))
         for path in p.test_net:
-            params.append(self._read_net(path))
-            sources.append((f"test_net file: {path}", self._resolve(path)))
-        remaining = len(p.test_iter) - len(params)
-        for _ in range(remaining):
+            params.append((self._read_net(path), f"test_net file: {path}", self._resolve(path)))
+        for _ in range(len(p.test_iter) - len(params)):
             if p.HasField("net_param"):
-                params.append(copy_message(p.net_param))
-                sources.append(("net_param", f"{self.source or '<solver>'} (net_param)"))
+                params.append((copy_message(p.net_param), "net_param", f"{self.source or '<solver>'} (net_param)"))
             else:
-                params.append(self._read_net(p.net))
-                sources.append((f"net file: {p.net}", self._resolve(p.net)))
-        nets = []
-        for i, (net_param, (what, source)) in enumerate(zip(params, sources)):
-            state = caffe_pb2.NetState(phase=caffe_pb2.TEST)
-            state.MergeFrom(net_param.state)
-            if len(p.test_state):
-                state.MergeFrom(p.test_state[i])
-            net_param.state.CopyFrom(state)
-            if self.root_solver:
-                log.info("Creating test net (#%d) specified by %s", i, what)
-            net = Net(net_param, source=source, **self.net_kwargs)
-            for weights in p.weights:
-                load_weights(net, weights)
-            nets.append(net)
-        return nets
+                params.append((self._read_net(p.net), f"net file: {p.net}", self._resolve(p.net)))
+        return params
 
     def _check_snapshot_prefix(self):
         if not (self.root_solver and self.param.snapshot):
@@ -363,7 +367,14 @@ class Solver:
             raise SolverError(f"{self._where()}test_iter for test net #{test_net_id} must be > 0, got {iterations}")
         sharding = self.test_sharding
         batches = range(iterations) if sharding is None else sharding.batches(test_net_id, iterations)
-        rows = []  # per batch: its loss, then every output value
+        rows = self._test_batches(net, batches)
+        if rows is not None and sharding is not None:
+            rows = sharding.gather(batches, rows)  # None but on the root: it reports for everyone
+        return None if rows is None else self._report_test(net, test_net_id, rows)
+
+    def _test_batches(self, net, batches):
+        """Per batch: its loss, then every output value; None when a stop request broke the test off."""
+        rows = []
         for _ in batches:
             if self.agreement is None:
                 requests = self.local_requests()
@@ -376,10 +387,11 @@ class Solver:
             iter_loss = net.forward()
             rows.append(numpy.concatenate([[iter_loss]] + [numpy.asarray(to_host(b.data), dtype=numpy.float64).ravel()
                                                            for b in net.output_blobs]))
-        if sharding is not None:
-            rows = sharding.gather(batches, rows)
-            if rows is None:  # not the root: it reports for everyone
-                return None
+        return rows
+
+    def _report_test(self, net, test_net_id, rows):
+        """Logs the mean of each output over the batches' `rows` and passes them to the callbacks."""
+        iterations = self.param.test_iter[test_net_id]
         scores = rows[0][1:].copy()
         loss = rows[0][0]
         for row in rows[1:]:
@@ -398,10 +410,6 @@ class Solver:
         for cb in self.callbacks:
             cb.on_test(self.iter, test_net_id, results)
         return results
-
-    def apply_update(self):
-        """Turns the gradients into the new parameters (Caffe's ApplyUpdate; see SGDSolver)."""
-        raise NotImplementedError(f"solver type {self.type} has no update rule")
 
     # ------------------------------------------------------------ snapshots
 
