@@ -471,7 +471,7 @@ class Comm(MPI.Intracomm):
                     except _REJECTED:
                         fast.forget()
                     finally:
-                        finished(op_id)
+                        finished(fast.reduce_name, op_id)
                 elif stream is None and self._again("reduce", seen[6], sendbuf, recvbuf, op, root, fast.reduce_name):
                     return
             if fast.reduce_ok(sendbuf, recvbuf, op, root):
@@ -479,7 +479,7 @@ class Comm(MPI.Intracomm):
                 try:
                     return MPI.Intracomm.Reduce(self, sendbuf, recvbuf, op, root)
                 finally:
-                    finished(op_id)
+                    finished(fast.reduce_name, op_id)
         self._run(self._reduction_call("reduce", sendbuf, recvbuf, op, root), stream,
                   "Reduce", MPI.Intracomm.Reduce, (sendbuf, recvbuf, op, root))
 
@@ -496,7 +496,7 @@ class Comm(MPI.Intracomm):
                     except _REJECTED:
                         fast.forget()
                     finally:
-                        finished(op_id)
+                        finished(fast.allreduce_name, op_id)
                 elif stream is None and self._again("allreduce", seen[6], sendbuf, recvbuf, op, 0,
                                                     fast.allreduce_name):
                     return
@@ -505,7 +505,7 @@ class Comm(MPI.Intracomm):
                 try:
                     return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
                 finally:
-                    finished(op_id)
+                    finished(fast.allreduce_name, op_id)
         self._run(self._reduction_call("allreduce", sendbuf, recvbuf, op, 0), stream,
                   "Allreduce", MPI.Intracomm.Allreduce, (sendbuf, recvbuf, op))
 
@@ -521,13 +521,13 @@ class Comm(MPI.Intracomm):
                 except _REJECTED:
                     fast.forget()
                 finally:
-                    finished(op_id)
+                    finished(fast.bcast_name, op_id)
             if fast.bcast_ok(buf, root):
                 op_id = started(fast.bcast_name, buf.nbytes)
                 try:
                     return MPI.Intracomm.Bcast(self, buf, root)
                 finally:
-                    finished(op_id)
+                    finished(fast.bcast_name, op_id)
         self._run(self._broadcast(buf, root), stream, "Bcast", MPI.Intracomm.Bcast, (buf, root))
 
     # -- nonblocking collectives --------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""Start and end of every collective operation on this rank, for whoever listens.
+"""Start and end of every collective operation on this rank, counted per name and told to whoever listens.
 
 The communicator reports each overridden call (blocking or not) when it starts running on this rank
-and when it has completed; the stall inspector and the training timeline listen. Listeners run on
-the thread that runs the operation, so they must be quick and must not call MPI.
+and when it has completed. Every `Name` counts its operations (its `tally`), which costs two list
+updates per call: the stall inspector samples those counts from its own thread. Listeners (the
+training timeline) get each start and end with its time, on the thread that runs the operation, so
+they must be quick and must not call MPI.
 """
 import contextlib
 import itertools
@@ -12,6 +14,7 @@ import time
 _listeners = []
 _ids = itertools.count(1)
 _context = threading.local()  # .label: what the collectives this thread starts now carry
+_names = []  # every Name with a tally of its own (a few per communicator set up)
 
 
 class Name(str):
@@ -20,17 +23,27 @@ class Name(str):
     `comm` is the index of that `collectives.Comm`'s set-up in this process. Communicators are set up
     collectively, in the same order on every rank, so the index names the same communicator on all its
     ranks; the stall inspector matches operations across ranks by (comm, name, how many came before).
-    `label` is what the caller said the operation carries (see `labelled`), else None.
+    `tally` is [operations started, operations finished, bytes of the last one started]; a labelled copy
+    (see `labelled`) shares it. `label` is what the caller said the operation carries, else None.
     """
 
     label = None
 
-    def __new__(cls, text, comm, label=None):
+    def __new__(cls, text, comm, label=None, tally=None):
         name = super().__new__(cls, text)
         name.comm = comm
+        if tally is None:
+            tally = [0, 0, 0]
+            _names.append(name)
+        name.tally = tally
         if label is not None:
             name.label = label
         return name
+
+
+def names():
+    """Every Name that counts operations, for the stall inspector."""
+    return list(_names)
 
 
 @contextlib.contextmanager
@@ -46,9 +59,9 @@ def labelled(label):
 
 
 def with_label(name):
-    """`name` (a str or a Name) carrying this thread's current label, if there is one."""
+    """Name `name` carrying this thread's current label, if there is one."""
     label = getattr(_context, "label", None)
-    return name if label is None else Name(name, getattr(name, "comm", None), label)
+    return name if label is None else Name(name, name.comm, label, name.tally)
 
 
 def add_listener(listener):
@@ -63,17 +76,22 @@ def remove_listener(listener):
 
 
 def started(name, nbytes):
-    """Report that collective `name` on `nbytes` bytes starts now; returns its id for `finished`."""
+    """Report that collective `name` (a Name) on `nbytes` bytes starts now; returns what `finished` takes."""
+    tally = name.tally
+    tally[0] += 1
+    tally[2] = nbytes
+    if not _listeners:
+        return None
     op_id = next(_ids)
-    if _listeners:
-        now = time.perf_counter()
-        for listener in _listeners:
-            listener.started(op_id, name, nbytes, now)
+    now = time.perf_counter()
+    for listener in _listeners:
+        listener.started(op_id, name, nbytes, now)
     return op_id
 
 
-def finished(op_id):
-    if _listeners:
+def finished(name, op_id):
+    name.tally[1] += 1
+    if op_id is not None and _listeners:
         now = time.perf_counter()
         for listener in _listeners:
             listener.finished(op_id, now)
@@ -85,4 +103,4 @@ def reported(name, nbytes, work, *args):
     try:
         return work(*args)
     finally:
-        finished(op_id)
+        finished(name, op_id)

@@ -1,8 +1,9 @@
 """The stall inspector: a collective that waits longer than SCAFFE_STALL_S seconds ends the job with a report
 of which ranks have not joined it, instead of hanging forever.
 
-One daemon thread per process, started by the set-up of the first Comm over all of MPI.COMM_WORLD, knows
-this rank's collectives in flight from `collectives.events`. Each poll it answers the other ranks'
+One daemon thread per process, started by the set-up of the first Comm over all of MPI.COMM_WORLD, samples
+this rank's collectives in flight from the counts `collectives.events` keeps per name (started, finished),
+so the calls themselves pay two list updates and no clock. Each poll it answers the other ranks'
 questions; when one of its own operations has waited too long it asks the other ranks of that operation's
 communicator for their state, gives them a few seconds to answer, prints one report on stderr and aborts
 the job. Its messages travel on its own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls
@@ -57,36 +58,38 @@ class _Inspector:
         self.period = min(1.0, stall_s / 10)
         # Long enough for a live rank under load to wake and answer, short against the limit itself.
         self.answer_window = min(5.0, max(1.0, stall_s / 2))
-        self.started_counts = {}  # (comm index, name) -> how many such operations this rank has started
-        self.in_flight = {}  # op id -> ((comm index, name), its number in started_counts, nbytes, start time)
+        self.first_seen = {}  # (comm index, name, number) in flight -> when a poll first saw it
         self.sends = []  # our questions and answers still on their way
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="scaffe-stall", daemon=True)
-        events.add_listener(self)
         self._thread.start()
         atexit.register(self.stop)  # before mpi4py's MPI_Finalize, which the thread must not outlive
-
-    # -- collectives.events listener: on the threads that run collectives, so only dict updates ------
-    def started(self, op_id, name, nbytes, t):
-        # Per (communicator, name), operations start in call order on every rank (a blocking call holds
-        # its thread, nonblocking ones run in FIFO order), so the count identifies one across ranks.
-        key = (getattr(name, "comm", None), name)
-        counts = self.started_counts
-        number = counts[key] = counts.get(key, 0) + 1
-        self.in_flight[op_id] = (key, number, nbytes, t)
-
-    def finished(self, op_id, t):
-        self.in_flight.pop(op_id, None)
 
     # -- the inspector's thread ---------------------------------------------------------------------
     def _watch(self):
         while not self._stop.wait(self.period):
             self._answer()
-            waiting = list(self.in_flight.copy().values())
-            if waiting:
-                oldest = min(waiting, key=lambda op: op[3])
-                if time.perf_counter() - oldest[3] > self.stall_s:
+            in_flight = self._in_flight()
+            if in_flight:
+                oldest = min(in_flight, key=lambda op: op[4])
+                if time.perf_counter() - oldest[4] > self.stall_s:
                     self._report_and_abort(oldest)
+
+    def _in_flight(self):
+        """(comm index, name, number, nbytes, first seen) of each operation started and not finished.
+
+        Operations of one name run one at a time (a blocking call holds its thread, nonblocking ones run
+        in FIFO order), so a name whose count of starts is ahead of its count of ends has exactly one in
+        flight, the one numbered by its starts; a poll dates it when it first sees it."""
+        now = time.perf_counter()
+        current = {}
+        for name in events.names():
+            begun, ended, nbytes = list(name.tally)
+            if begun > ended:
+                key = (name.comm, str(name), begun)
+                current[key] = key + (nbytes, self.first_seen.get(key, now))
+        self.first_seen = {key: op[4] for key, op in current.items()}
+        return list(current.values())
 
     def _answer(self):
         """Answer every question waiting for us, and let go of the messages already delivered."""
@@ -104,13 +107,16 @@ class _Inspector:
 
     def _state(self):
         now = time.perf_counter()
-        return {"started": {(index, str(name)): count for (index, name), count in self.started_counts.copy().items()},
-                "in_flight": [(index, str(name), number, now - t)
-                              for (index, name), number, _, t in sorted(self.in_flight.copy().values(),
-                                                                        key=lambda op: op[3])]}
+        started = {}
+        for name in events.names():
+            key = (name.comm, str(name))
+            started[key] = started.get(key, 0) + name.tally[0]
+        return {"started": started,
+                "in_flight": [(index, name, number, now - t)
+                              for index, name, number, _, t in sorted(self._in_flight(), key=lambda op: op[4])]}
 
     def _report_and_abort(self, op):
-        (index, name), number, nbytes, t = op
+        index, name, number, nbytes, t = op
         others = [rank for rank in _members.get(index, range(self.comm.Get_size())) if rank != self.rank]
         for rank in others:
             self._send(None, rank, _QUERY)
@@ -128,7 +134,6 @@ class _Inspector:
     def stop(self):
         self._stop.set()
         self._thread.join()
-        events.remove_listener(self)
 
 
 def _delivered(request):

@@ -22,6 +22,7 @@ class NativeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
         self.native = MPI.Intracomm(comm)  # the same communicator, with mpi4py's methods
+        self.names = {text: events.Name(text, None) for text in ("Bcast", "Allreduce")}
         self._ready = []  # (learnable id, layer index) in the order backward completed their gradients
 
     def on_start(self):
@@ -33,7 +34,7 @@ class NativeSchedule(Schedule):
         """Every rank takes the root's parameters, by MPI's own Bcast."""
         for layer_id, data in self.parameters_by_layer():
             with events.labelled(("parameters", (layer_id,))):
-                events.reported(events.with_label("Bcast"), data.nbytes, self.native.Bcast, data, self.root)
+                events.reported(events.with_label(self.names["Bcast"]), data.nbytes, self.native.Bcast, data, self.root)
 
     def grads_ready(self, layer_id):
         """Nothing moves during backward (the point of this baseline); the order is kept."""
@@ -46,9 +47,9 @@ class NativeSchedule(Schedule):
             for pid, layer_id in self._ready:
                 diff = self.buffer(self.params[pid].diff)
                 with events.labelled(("gradients", (layer_id,))):
-                    events.reported(events.with_label("Allreduce"), diff.nbytes, self.native.Allreduce,
+                    events.reported(events.with_label(self.names["Allreduce"]), diff.nbytes, self.native.Allreduce,
                                     MPI.IN_PLACE, diff, MPI.SUM)
-            events.reported("Allreduce", flags.nbytes, self.native.Allreduce, MPI.IN_PLACE, flags, MPI.SUM)
+            events.reported(self.names["Allreduce"], flags.nbytes, self.native.Allreduce, MPI.IN_PLACE, flags, MPI.SUM)
         self.agreed = requests_from_flags(flags)
         scale = numpy.float32(1.0 / self.size)
         for blob in self.params:
