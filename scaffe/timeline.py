@@ -49,13 +49,9 @@ TRACK_NAMES = {ITERATIONS: "iterations", COMPUTE_TRACK: "compute", COLLECTIVES: 
 _MAX_LANES = DATA - COLLECTIVES
 
 
-class waiting:
-    """`with waiting("gradients"):` records the block as a wait of training for "data",
-    "parameters" or "gradients" (`layer`: a layer index or a name) while a timeline records."""
-    __slots__ = ("what", "layer", "began")
-
-    def __init__(self, what, layer=None):
-        self.what, self.layer = what, layer
+class _Block:
+    """A `with` block that the recording timeline, if any, keeps as an interval (`record`)."""
+    __slots__ = ("began",)
 
     def __enter__(self):
         self.began = time.perf_counter() if recording is not None else None
@@ -63,7 +59,28 @@ class waiting:
     def __exit__(self, *exc):
         timeline = recording
         if self.began is not None and timeline is not None:
-            timeline.add_wait(self.what, self.layer, self.began, time.perf_counter())
+            self.record(timeline, self.began, time.perf_counter())
+
+
+class waiting(_Block):
+    """`with waiting("gradients"):` records the block as a wait of training for "data",
+    "parameters" or "gradients" (`layer`: a layer index or a name) while a timeline records."""
+    __slots__ = ("what", "layer")
+
+    def __init__(self, what, layer=None):
+        self.what, self.layer = what, layer
+
+    def record(self, timeline, start, end):
+        timeline.add_wait(self.what, self.layer, start, end)
+
+
+class updating(_Block):
+    """`with updating():` records the block as part of the update, for an update made outside the
+    solver's (the S-Caffe root updates each layer during backward, as its sum arrives)."""
+    __slots__ = ()
+
+    def record(self, timeline, start, end):
+        timeline.add_update(start, end)
 
 
 class Timeline(SolverCallback):
@@ -112,6 +129,9 @@ class Timeline(SolverCallback):
 
     def add_wait(self, what, layer, start, end):
         self._waits.append((what, layer, start, end))
+
+    def add_update(self, start, end):
+        self._updates.append((start, end))
 
     # solver callbacks: the schedule's run first, so the update starts here
     def on_start(self):

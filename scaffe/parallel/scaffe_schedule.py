@@ -27,6 +27,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives import events
+from scaffe import timeline
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
 
@@ -108,11 +109,12 @@ class SCaffeSchedule(Schedule):
             elif not request.Test():
                 return
             self._updated += 1
-            if self._per_layer:  # else every blob was averaged and clipped before
-                self._average([pid])
-            blob = self.params[pid]
-            self.solver.compute_step(pid, self.solver.get_learning_rate())
-            blob.data -= blob.diff
+            with timeline.updating():
+                if self._per_layer:  # else every blob was averaged and clipped before
+                    self._average([pid])
+                blob = self.params[pid]
+                self.solver.compute_step(pid, self.solver.get_learning_rate())
+                blob.data -= blob.diff
             self._propagate(layer_id, [pid])
 
     def _average(self, pids):
