@@ -56,10 +56,11 @@ class Schedule(SolverCallback):
         return self.agreed
 
     def parameters_by_layer(self):
-        """(layer index, flat data) of every learnable blob, in the forward order of their first use."""
+        """(layer index, learnable id, flat data) of every learnable blob, in the forward order of their
+        first use."""
         for layer_id in range(len(self.net.layers)):
             for pid in self.net.params_needed_at(layer_id):
-                yield layer_id, self.buffer(self.params[pid].data)
+                yield layer_id, pid, self.buffer(self.params[pid].data)
 
     def on_test_start(self):
         self.sync_once()  # a test before the first iteration needs the root's parameters too
@@ -71,7 +72,7 @@ class Schedule(SolverCallback):
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters (blocking)."""
-        for layer_id, data in self.parameters_by_layer():
+        for layer_id, _, data in self.parameters_by_layer():
             with events.labelled(("parameters", (layer_id,))):
                 self.comm.Bcast(data, root=self.root)
 

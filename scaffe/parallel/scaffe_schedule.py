@@ -52,10 +52,9 @@ class SCaffeSchedule(Schedule):
         self._announce_requests()
         if self.synced:
             return
-        for layer_id in range(len(self.net.layers)):
+        for layer_id, pid, data in self.parameters_by_layer():
             with events.labelled(("parameters", (layer_id,))):
-                for pid in self.net.params_needed_at(layer_id):
-                    self._bcasts[pid] = self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root)
+                self._bcasts[pid] = self.propagation.Ibcast(data, root=self.root)
         self.synced = True
 
     def param_needed(self, layer_id):
