@@ -6,8 +6,12 @@ that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own
 right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
 pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
 runs it, when it starts running and when it has finished.
+
+The helper thread works on the GPU of the thread that started it (`current_device`): a new thread has
+no current device, and CUDA would give it GPU 0's context, another rank's GPU on a multi-GPU host.
 """
 import queue
+import sys
 import threading
 
 from mpi4py import MPI
@@ -57,11 +61,13 @@ class Progress:
         with self._lock:
             self._pending += 1
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="scaffe-progress", daemon=True)
+                self._thread = threading.Thread(target=self._loop, args=(current_device(),), name="scaffe-progress",
+                                                daemon=True)
                 self._thread.start()
         self._queue.put((work, name, nbytes, on_done))
 
-    def _loop(self):
+    def _loop(self, device):
+        use_device(device)
         while True:
             item = self._queue.get()
             if item is None:
@@ -77,3 +83,18 @@ class Progress:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+def current_device():
+    """The id of this thread's CUDA device when the process uses cupy, else None (nothing to carry)."""
+    if "cupy" not in sys.modules:  # a host-only program never pays for importing cupy here
+        return None
+    from kernels.backend import cupy_or_none
+    cupy = cupy_or_none()
+    return None if cupy is None else cupy.cuda.Device().id
+
+
+def use_device(device):
+    """Make CUDA device `device` (from `current_device`, maybe None) current in this thread."""
+    if device is not None:
+        sys.modules["cupy"].cuda.Device(device).use()
