@@ -25,6 +25,13 @@ class Blob:
         self.data = self._data_store[:count].reshape(shape)
         self.diff = self._diff_store[:count].reshape(shape)
 
+    def place(self, data_store, diff_store):
+        """Keep data and diff in `data_store` and `diff_store` (flat views of this blob's size, into the
+        solver's flat buffers); a reshape to the same count keeps them."""
+        self._data_store, self._diff_store, self._capacity = data_store, diff_store, data_store.size
+        self.data = data_store.reshape(self.shape)
+        self.diff = diff_store.reshape(self.shape)
+
     def reshape_like(self, other):
         self.reshape(other.shape)
 

@@ -6,6 +6,7 @@ averages, as in Caffe's solverstate; `momentum` is the decay of both.
 import numpy
 
 from scaffe.solvers import register
+from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 
 
@@ -13,6 +14,15 @@ from scaffe.solvers.sgd import SGDSolver
 class AdaDeltaSolver(SGDSolver):
     type = "AdaDelta"
     history_sets = 2
+    fused_update = FusedUpdate("scaffe_adadelta_update", ("momentum", "delta"), 2, """
+    h0 = (T)momentum * h0 + ((T)1 - (T)momentum) * (g * g);
+    const T scaled = g * sqrt((h1 + (T)delta) / (h0 + (T)delta));
+    h1 = (T)momentum * h1 + ((T)1 - (T)momentum) * (scaled * scaled);
+    const T step = local_rate * scaled;
+""")
+
+    def fused_scalars(self, rate):
+        return (self.param.momentum, self.param.delta)
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]

@@ -2,6 +2,7 @@
 import numpy
 
 from scaffe.solvers import register
+from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 from scaffe.solvers.solver import SolverError
 
@@ -9,6 +10,13 @@ from scaffe.solvers.solver import SolverError
 @register
 class AdaGradSolver(SGDSolver):
     type = "AdaGrad"
+    fused_update = FusedUpdate("scaffe_adagrad_update", ("delta",), 1, """
+    h0 += g * g;
+    const T step = local_rate * (g / (sqrt(h0) + (T)delta));
+""")
+
+    def fused_scalars(self, rate):
+        return (self.param.delta,)
 
     def __init__(self, param, **kwargs):
         if param.momentum != 0:

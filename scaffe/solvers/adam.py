@@ -9,6 +9,7 @@ import math
 import numpy
 
 from scaffe.solvers import register
+from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 
 
@@ -16,6 +17,20 @@ from scaffe.solvers.sgd import SGDSolver
 class AdamSolver(SGDSolver):
     type = "Adam"
     history_sets = 2
+    fused_update = FusedUpdate("scaffe_adam_update", ("beta1", "beta2", "correction", "delta"), 2, """
+    h0 = (T)beta1 * h0 + ((T)1 - (T)beta1) * g;
+    h1 = (T)beta2 * h1 + ((T)1 - (T)beta2) * (g * g);
+    const T step = (local_rate * (T)correction) * (h0 / (sqrt(h1) + (T)delta));
+""")
+
+    def fused_scalars(self, rate):
+        return (self.param.momentum, self.param.momentum2, self.bias_correction(), self.param.delta)
+
+    def bias_correction(self):
+        """sqrt(1 - beta2^t) / (1 - beta1^t) at t = iteration + 1, folded into the rate."""
+        t = self.iter + 1
+        return numpy.float32(math.sqrt(1.0 - float(numpy.float32(self.param.momentum2)) ** t)
+                             / (1.0 - float(numpy.float32(self.param.momentum)) ** t))
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]
@@ -26,8 +41,7 @@ class AdamSolver(SGDSolver):
         beta1 = numpy.float32(self.param.momentum)
         beta2 = numpy.float32(self.param.momentum2)
         one = numpy.float32(1)
-        t = self.iter + 1
-        correction = numpy.float32(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))
+        correction = self.bias_correction()
         m *= beta1
         m += (one - beta1) * blob.diff
         v *= beta2

@@ -2,6 +2,7 @@
 import numpy
 
 from scaffe.solvers import register
+from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 from scaffe.solvers.solver import SolverError
 
@@ -9,6 +10,13 @@ from scaffe.solvers.solver import SolverError
 @register
 class RMSPropSolver(SGDSolver):
     type = "RMSProp"
+    fused_update = FusedUpdate("scaffe_rmsprop_update", ("rms_decay", "delta"), 1, """
+    h0 = (T)rms_decay * h0 + ((T)1 - (T)rms_decay) * (g * g);
+    const T step = local_rate * (g / (sqrt(h0) + (T)delta));
+""")
+
+    def fused_scalars(self, rate):
+        return (self.param.rms_decay, self.param.delta)
 
     def __init__(self, param, **kwargs):
         if param.momentum != 0:

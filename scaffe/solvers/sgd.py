@@ -4,7 +4,11 @@ ApplyUpdate follows Caffe's exactly, because users compare loss curves and saved
 Caffe's: learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
 (L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
 SGD's update value: h = momentum * h + lr * lr_mult * g; step = h. The other solvers (one file
-each) subclass this one and replace only `compute_update_value`.
+each) subclass this one and replace only `compute_update_value`, and, for the GPU, `fused_update`
+(the same step as one kernel over flat buffers, scaffe.solvers.fused) and `fused_scalars`.
+
+On a GPU the learnable blobs and the history live in flat buffers (scaffe.solvers.flat), and a step
+is one kernel launch for all blobs; on the CPU each blob goes through the pipeline in turn.
 """
 import math
 
@@ -15,6 +19,8 @@ from scaffe.io import to_host
 from scaffe.log import fmt, get_logger
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import register
+from scaffe.solvers.flat import FlatParams
+from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.lr_policy import learning_rate
 from scaffe.solvers.solver import Solver, SolverError
 
@@ -26,12 +32,24 @@ class SGDSolver(Solver):
     type = "SGD"
     # How many history blobs per learnable blob the solverstate holds (Adam, AdaDelta: 2).
     history_sets = 1
+    fused_update = FusedUpdate("scaffe_sgd_update", ("momentum",), 1, """
+    h0 = (T)momentum * h0 + local_rate * g;
+    const T step = h0;
+""")
 
     def __init__(self, param, **kwargs):
         super().__init__(param, **kwargs)
-        self.history = [blob.xp.zeros(blob.shape, dtype=blob.dtype)
-                        for _ in range(self.history_sets) for blob in self.net.learnable_params]
+        self.flat = FlatParams(self.net, self.history_sets) if FlatParams.fits(self.net) else None
+        if self.flat is not None:
+            self.history = self.flat.history_views()
+        else:
+            self.history = [blob.xp.zeros(blob.shape, dtype=blob.dtype)
+                            for _ in range(self.history_sets) for blob in self.net.learnable_params]
         self._rate = None  # this update's rate, once asked for
+
+    def fused_scalars(self, rate):
+        """The solver's own scalars of `fused_update`, in its order."""
+        return (self.param.momentum,)
 
     # ------------------------------------------------------------ the update pipeline
 
@@ -52,9 +70,39 @@ class SGDSolver(Solver):
         if not self.applies_update:
             return
         self.clip_gradients()
+        if self.flat is not None:
+            self.update_params(range(len(self.net.learnable_params)), rate)
+            return
         for param_id in range(len(self.net.learnable_params)):
             self.compute_step(param_id, rate)
         self.net.update()
+
+    def update_params(self, param_ids, rate, grad_scale=1.0):
+        """Learnable blobs `param_ids` (consecutive): gradients times `grad_scale` (a schedule's 1/P),
+        then the per-blob pipeline and data -= diff. One kernel over the flat buffers on a GPU."""
+        if self.flat is None:
+            for param_id in param_ids:
+                blob = self.net.learnable_params[param_id]
+                if grad_scale != 1.0:
+                    blob.diff *= numpy.float32(grad_scale)
+                self.compute_step(param_id, rate)
+                blob.data -= blob.diff
+            return
+        scale = numpy.float32(grad_scale) * numpy.float32(1.0 / self.param.iter_size)
+        self.fused_update(self.net.xp, self.flat, self.flat.span(param_ids), rate, scale, self.param.weight_decay,
+                          self._l1_regularization(), self.fused_scalars(rate))
+
+    def clear_param_diffs(self):
+        if self.flat is None:
+            super().clear_param_diffs()
+        else:
+            self.flat.diff.fill(0)
+
+    def _l1_regularization(self):
+        kind = self.param.regularization_type
+        if kind not in ("L1", "L2") and self.param.weight_decay:
+            raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
+        return kind == "L1"
 
     def compute_step(self, param_id, rate):
         """The per-blob part of ApplyUpdate: leaves in blob `param_id`'s diff what to subtract."""

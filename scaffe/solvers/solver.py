@@ -66,6 +66,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self.last_rate = None
         self.applies_update = True
+        self.flat = None  # the learnables' flat buffers (scaffe.solvers.flat) where a GPU solver keeps them
         if root_solver:
             log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(self.param))
         if self.param.average_loss < 1:
@@ -240,7 +241,7 @@ class Solver:
             self._solve_start = time.perf_counter()
         self._display_timer, self._display_iter = time.perf_counter(), self.iter
         while self.iter < stop_iter:
-            self.net.clear_param_diffs()
+            self.clear_param_diffs()
             if self._test_due():
                 self.test_all()
                 if self.requested_early_exit:
@@ -306,6 +307,10 @@ class Solver:
             self.requested_early_exit = True
             return True
         return False
+
+    def clear_param_diffs(self):
+        """Zero every learnable blob's gradient before an iteration's passes."""
+        self.net.clear_param_diffs()
 
     def forward_backward(self):
         """One forward and backward pass of the training net; returns its loss. A distributed

@@ -1,0 +1,47 @@
+"""A GPU net's learnable blobs in flat buffers: data, diff and the solver's history, one array each.
+
+Each blob's data and diff become views of their slice (in the net's learnable order, so a layer's blobs
+are one contiguous span), which lets the solver update every blob in one elementwise kernel per step
+(scaffe.solvers.fused) and a distributed schedule send one message per layer instead of one per blob.
+Each learnable blob's lr_mult and decay_mult are spread over its elements once, for the kernel to read.
+"""
+import numpy
+
+
+class FlatParams:
+    def __init__(self, net, history_sets):
+        xp = net.xp
+        blobs = net.learnable_params
+        self.dtype = blobs[0].dtype
+        counts = [blob.count for blob in blobs]
+        self.bounds = numpy.concatenate([[0], numpy.cumsum(counts)]).astype(int).tolist()
+        total = self.bounds[-1]
+        self.data = xp.empty(total, self.dtype)
+        self.diff = xp.zeros(total, self.dtype)
+        for blob, start, stop in zip(blobs, self.bounds, self.bounds[1:]):
+            self.data[start:stop] = blob.data.reshape(-1)
+            blob.place(self.data[start:stop], self.diff[start:stop])
+        net._share_weights()  # blobs shared by name view their owner's new slices
+        self.history = [xp.zeros(total, self.dtype) for _ in range(history_sets)]
+        # One upload each, at set-up; multipliers of shared blobs were settled by the net.
+        self.lr_mult = xp.asarray(numpy.repeat(numpy.asarray(net.params_lr, self.dtype), counts))
+        self.decay_mult = xp.asarray(numpy.repeat(numpy.asarray(net.params_weight_decay, self.dtype), counts))
+        self.shapes = [blob.shape for blob in blobs]
+
+    @staticmethod
+    def fits(net):
+        """Whether `net` has learnable blobs, all of one float type, on a GPU."""
+        blobs = net.learnable_params
+        return net.xp is not numpy and bool(blobs) and len({blob.dtype for blob in blobs}) == 1
+
+    def history_views(self):
+        """The history as the solverstate lists it: every blob's slice of set 0, then of set 1, ..."""
+        return [h[start:stop].reshape(shape) for h in self.history
+                for start, stop, shape in zip(self.bounds, self.bounds[1:], self.shapes)]
+
+    def span(self, param_ids):
+        """(start, stop) of learnable blobs `param_ids`, which must be consecutive."""
+        first, last = min(param_ids), max(param_ids)
+        if last - first + 1 != len(set(param_ids)):
+            raise ValueError(f"learnable blobs {sorted(param_ids)} are not consecutive in the flat buffer")
+        return self.bounds[first], self.bounds[last + 1]
