@@ -4,7 +4,10 @@ cifar10_quick (batch 100), forward, backward, forward+backward and a full SGD it
 The example nets' Data layers are replaced by an Input layer holding fixed random images and
 labels, so the numbers measure the layers and the solver, not the disk or the decoder.
 
-    python -m perf.bench_train [--iterations 20] [--warmup 3] [--model lenet|cifar10_quick|all]
+With --gpu the nets run on that CUDA device (cupy). A GPU runs the launched work asynchronously, so the
+device is synchronised before every reading of the clock: a time is the work's, not its launches'.
+
+    python -m perf.bench_train [--iterations 20] [--warmup 3] [--model lenet|cifar10_quick|all] [--gpu ID]
 """
 import argparse
 import os
@@ -45,7 +48,26 @@ def synthetic_train_net(path, batch, image_shape):
     return out
 
 
-def make_solver(name):
+def device_module(gpu):
+    """numpy, or cupy with CUDA device `gpu` current."""
+    if gpu is None:
+        return numpy
+    from kernels.backend import cupy_or_none
+    cupy = cupy_or_none()
+    if cupy is None:
+        raise SystemExit(f"--gpu {gpu}: no CUDA GPU is usable here (cupy missing or no device)")
+    cupy.cuda.Device(gpu).use()
+    return cupy
+
+
+def clock(xp):
+    """perf_counter() once everything queued on the device so far has run."""
+    if xp is not numpy:
+        xp.cuda.Device().synchronize()
+    return time.perf_counter()
+
+
+def make_solver(name, xp=numpy):
     from scaffe.proto import caffe_pb2
     from scaffe.solvers import create_solver
     path, batch, shape = MODELS[name]
@@ -53,31 +75,31 @@ def make_solver(name):
                                              lr_policy="fixed", max_iter=10 ** 9, display=0, random_seed=1,
                                              snapshot_after_train=False)
     solver_param.net_param.CopyFrom(synthetic_train_net(path, batch, shape))
-    solver = create_solver(solver_param)
+    solver = create_solver(solver_param, net_kwargs={"xp": xp})
     rng = numpy.random.RandomState(0)
     data, label = solver.net.input_blobs
-    data.data[...] = rng.uniform(0, 1, data.shape)
-    label.data[...] = rng.randint(0, 10, label.shape)
+    data.data[...] = xp.asarray(rng.uniform(0, 1, data.shape).astype(data.dtype))
+    label.data[...] = xp.asarray(rng.randint(0, 10, label.shape).astype(label.dtype))
     return solver, batch
 
 
-def bench(name, iterations, warmup):
-    solver, batch = make_solver(name)
+def bench(name, iterations, warmup, xp=numpy):
+    solver, batch = make_solver(name, xp)
     net = solver.net
     for _ in range(warmup):
         solver.step(1)
     fwd = bwd = 0.0
     for _ in range(iterations):
-        t0 = time.perf_counter()
+        t0 = clock(xp)
         net.forward()
-        t1 = time.perf_counter()
+        t1 = clock(xp)
         net.backward()
-        t2 = time.perf_counter()
+        t2 = clock(xp)
         fwd += t1 - t0
         bwd += t2 - t1
-    t0 = time.perf_counter()
+    t0 = clock(xp)
     solver.step(iterations)
-    full = (time.perf_counter() - t0) / iterations
+    full = (clock(xp) - t0) / iterations
     fwd, bwd = fwd / iterations, bwd / iterations
     return {"model": name, "batch": batch, "fwd_ms": fwd * 1e3, "bwd_ms": bwd * 1e3,
             "fwd_bwd_ms": (fwd + bwd) * 1e3, "iter_ms": full * 1e3, "images_per_s": batch / full}
@@ -88,7 +110,9 @@ def main(argv=None):
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (numba compiles then)")
     p.add_argument("--model", default="all", choices=["all"] + sorted(MODELS))
+    p.add_argument("--gpu", type=int, default=None, help="run on this CUDA device (default: the CPU)")
     args = p.parse_args(argv)
+    xp = device_module(args.gpu)
     import logging
     logging.getLogger("scaffe").setLevel(logging.WARNING)
     names = sorted(MODELS) if args.model == "all" else [args.model]
@@ -97,11 +121,12 @@ def main(argv=None):
         threads = numba.config.NUMBA_NUM_THREADS
     except ImportError:
         threads = 1
-    print(f"# scaffe training throughput, CPU: {os.cpu_count()} cores, numba threads {threads}, "
-          f"numpy {numpy.__version__}, {args.iterations} iterations after {args.warmup} warm-up")
+    where = (f"GPU {args.gpu}: {xp.cuda.runtime.getDeviceProperties(args.gpu)['name'].decode()}"
+             if xp is not numpy else f"CPU: {os.cpu_count()} cores, numba threads {threads}, numpy {numpy.__version__}")
+    print(f"# scaffe training throughput, {where}, {args.iterations} iterations after {args.warmup} warm-up")
     print(f"{'# model':<16}{'batch':>6}{'fwd ms':>10}{'bwd ms':>10}{'fwd+bwd ms':>12}{'iter ms':>10}{'images/s':>10}")
     for name in names:
-        r = bench(name, args.iterations, args.warmup)
+        r = bench(name, args.iterations, args.warmup, xp)
         print(f"{r['model']:<16}{r['batch']:>6}{r['fwd_ms']:>10.2f}{r['bwd_ms']:>10.2f}{r['fwd_bwd_ms']:>12.2f}"
               f"{r['iter_ms']:>10.2f}{r['images_per_s']:>10.1f}", flush=True)
     return 0
