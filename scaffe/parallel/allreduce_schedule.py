@@ -8,11 +8,15 @@ shared-memory path. Buckets live in `comm.alloc` memory where the communicator o
 
 Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag per effect, and the
 summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
+
+On a GPU the buckets are device buffers of the gradients' own array module, packed on the compute
+stream; each bucket's Iallreduce starts once an event after its packing has completed (see
+scaffe.parallel.streams). The flags then travel in a small host Iallreduce of their own, after the
+last bucket: reading them from a device bucket would make the host wait for the device.
 """
 import numpy
 from mpi4py import MPI
 
-from collectives import events
 
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
@@ -29,13 +33,14 @@ class AllreduceSchedule(Schedule):
         self._pending_bytes = 0
         self._pending_layers = []  # the layers whose backward gave them (what the timeline shows)
         self._storage = {}       # bucket index -> flat buffer, grown once and reused
-        self._flags = None       # the final bucket's request flags, once launched
+        self._flags = None       # the final bucket's request flags (host flags on a GPU), once launched
+        self._flags_request = None  # on a GPU: the Iallreduce of the host flags
 
     def on_start(self):
         self.passes = 0
         self._buckets = []
         self._pending, self._pending_bytes, self._pending_layers = [], 0, []
-        self._flags = None
+        self._flags = self._flags_request = None
         self.sync_once()
 
     def grads_ready(self, layer_id):
@@ -50,39 +55,47 @@ class AllreduceSchedule(Schedule):
             self._launch(final)
 
     def _launch(self, final=False):
+        xp = self.xp
         dtype = self.params[self._pending[0]].diff.dtype if self._pending else numpy.float32
         count = sum(self.params[pid].diff.size for pid in self._pending)
-        flat = self._bucket_buffer(len(self._buckets), count + (self.flag_count if final else 0), dtype)
+        flags_inside = final and xp is numpy
+        flat = self._bucket_buffer(len(self._buckets), count + (self.flag_count if flags_inside else 0), dtype)
         layout, start = [], 0
         for pid in self._pending:
             diff = self.buffer(self.params[pid].diff)
             flat[start:start + diff.size] = diff
             layout.append((pid, start, start + diff.size))
             start += diff.size
-        if final:
+        if flags_inside:
             self._flags = flat[count:]
             self._flags[:] = self.local_flags()
-        with events.labelled(("gradients", tuple(dict.fromkeys(self._pending_layers))) if self._pending else None):
-            request = self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        label = ("gradients", tuple(dict.fromkeys(self._pending_layers))) if self._pending else None
+        request = self.order.start(lambda: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM),
+                                   after=self.order.mark(), label=label)
         self._buckets.append((flat, layout, request))
         self._pending, self._pending_bytes, self._pending_layers = [], 0, []
+        if final and not flags_inside:
+            self._flags = numpy.array(self.local_flags(), numpy.int32)
+            self._flags_request = self.order.start(lambda: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
     def _bucket_buffer(self, index, count, dtype):
+        """Bucket `index`'s buffer, grown when too small and kept: host buckets live in the communicator's
+        shared memory where it offers it, device buckets are of the gradients' own array module."""
         buf = self._storage.get(index)
         if buf is None or buf.size < count or buf.dtype != dtype:
-            alloc = getattr(self.comm, "alloc", None)
-            buf = alloc((count,), dtype) if alloc is not None else numpy.empty(count, dtype)
+            alloc = getattr(self.comm, "alloc", None) if self.xp is numpy else None
+            buf = alloc((count,), dtype) if alloc is not None else self.xp.empty(count, dtype)
             self._storage[index] = buf
         return buf[:count]
 
     def on_gradients_ready(self):
         if self._flags is None:  # a net without gradients still agrees on requests
             self._launch(final=True)
-        self.wait_all([request for _, _, request in self._buckets], "gradients")
+        self.wait_all([request for _, _, request in self._buckets] + [self._flags_request], "gradients")
         self.agreed = requests_from_flags(self._flags)
         scale = numpy.float32(1.0 / self.size)
         for flat, layout, _ in self._buckets:
             for pid, start, stop in layout:
                 diff = self.buffer(self.params[pid].diff)
-                numpy.multiply(flat[start:stop], scale, out=diff)
+                self.xp.multiply(flat[start:stop], scale, out=diff)
         self._buckets = []

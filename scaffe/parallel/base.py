@@ -4,6 +4,7 @@ from mpi4py import MPI
 
 from collectives import events
 from scaffe import timeline
+from scaffe.parallel.streams import order_for, requests_of
 from scaffe.solvers.callbacks import SolverCallback
 from scaffe.solvers.signals import EFFECTS, request_flags
 
@@ -18,6 +19,8 @@ class Schedule(SolverCallback):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.params = self.net.learnable_params
+        self.xp = self.net.xp
+        self.order = order_for(self.net)  # when collectives may read what the compute produced
         self.passes = 0
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
@@ -56,11 +59,23 @@ class Schedule(SolverCallback):
         return self.agreed
 
     def parameters_by_layer(self):
-        """(layer index, learnable id, flat data) of every learnable blob, in the forward order of their
-        first use."""
+        """(layer index, learnable ids, flat data) of every learnable blob, in the forward order of their
+        first use (see `layer_parts`)."""
         for layer_id in range(len(self.net.layers)):
-            for pid in self.net.params_needed_at(layer_id):
-                yield layer_id, pid, self.buffer(self.params[pid].data)
+            for pids, data in self.layer_parts(self.net.params_needed_at(layer_id), "data"):
+                yield layer_id, pids, data
+
+    def layer_parts(self, pids, which):
+        """(learnable ids, flat array) pairs holding `which` ("data" or "diff") of one layer's learnable
+        blobs `pids`: one pair per blob, or, where the solver keeps them in flat buffers, one slice for
+        all of them (one message per layer)."""
+        flat = self.solver.flat
+        if flat is None:
+            return [((pid,), self.buffer(getattr(self.params[pid], which))) for pid in pids]
+        if not pids:
+            return []
+        start, stop = flat.span(pids)
+        return [(tuple(pids), getattr(flat, which)[start:stop])]
 
     def on_test_start(self):
         self.sync_once()  # a test before the first iteration needs the root's parameters too
@@ -81,7 +96,7 @@ class Schedule(SolverCallback):
         """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""
         # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a
         # null request and a generalized one still in progress.
-        requests = [request for request in requests if request]
+        requests = [request for request in requests_of(requests) if request]
         if not requests:
             return
         with timeline.waiting(what, layer_id):

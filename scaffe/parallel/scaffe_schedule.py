@@ -18,6 +18,11 @@ operations of the single-process update, so with P ranks of batch B this compute
 rank with batch P*B on the same samples: each rank's loss is normalised by its own B, so the mean of
 the P gradients is the gradient of the P*B batch.
 
+On a GPU a layer's blobs travel as one slice of the solver's flat buffers, the root's update of a
+layer is one kernel, and every collective starts after an event on the compute stream (after the
+layer's backward, or after the root's update of it): scaffe.parallel.streams. The next iteration's
+layer i forward waits on the device for the event that marks layer i's parameters.
+
 Stop/snapshot requests: each rank's flags go to the root in a tiny Ireduce started with the last
 layer's gradient reduce; the root passes their sum on in a tiny Ibcast started first in the next
 on_start. Every rank waits for both with the other collectives and acts on the broadcast sum at
@@ -26,7 +31,6 @@ the end of that iteration, so all ranks stop after the same update, with nothing
 import numpy
 from mpi4py import MPI
 
-from collectives import events
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
 from scaffe.solvers.signals import requests_from_flags
@@ -37,9 +41,9 @@ class SCaffeSchedule(Schedule):
         super().__init__(solver, comm)
         self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
         self._per_layer = solver.param.clip_gradients < 0  # clipping needs every gradient first
-        self._bcasts = {}      # learnable id -> request, for the first forward only
-        self._propagating = []  # this iteration's parameter broadcasts
-        self._reduces = []     # (learnable id, layer index, request) of this iteration's gradient reduces
+        self._bcasts = {}      # layer index -> requests, for the first forward only
+        self._propagating = []  # (layer index, request) of this iteration's parameter broadcasts
+        self._reduces = []     # (learnable ids, layer index, request) of this iteration's gradient reduces
         self._updated = 0      # how many of them the root has updated and broadcast
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
@@ -52,29 +56,34 @@ class SCaffeSchedule(Schedule):
         self._announce_requests()
         if self.synced:
             return
-        for layer_id, pid, data in self.parameters_by_layer():
-            with events.labelled(("parameters", (layer_id,))):
-                self._bcasts[pid] = self.propagation.Ibcast(data, root=self.root)
+        ready = self.order.mark()  # the root's initial parameters, as the compute stream left them
+        for layer_id, _, data in self.parameters_by_layer():
+            self._bcasts.setdefault(layer_id, []).append(self.order.start(
+                lambda data=data: self.propagation.Ibcast(data, root=self.root), after=ready,
+                label=("parameters", (layer_id,))))
         self.synced = True
 
     def param_needed(self, layer_id):
-        requests = [self._bcasts.pop(pid) for pid in self.net.params_needed_at(layer_id) if pid in self._bcasts]
-        self.wait_all(requests, "parameters", layer_id)
+        requests = self._bcasts.pop(layer_id, None)
+        if requests:
+            self.wait_all(requests, "parameters", layer_id)
+            self.order.parameters_arrived(layer_id)
+        self.order.parameters_needed(layer_id)
 
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
         pids = self.net.grads_ready_at(layer_id)
-        with events.labelled(("gradients", (layer_id,))):
-            for pid in pids:
-                diff = self.buffer(self.params[pid].diff)
-                if self.rank == self.root:
-                    request = self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)
-                else:
-                    request = self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)
-                self._reduces.append((pid, layer_id, request))
+        computed = self.order.mark() if pids else None  # layer_id's gradients, and its parameters are free
+        for part_pids, diff in self.layer_parts(pids, "diff"):
+            if self.rank == self.root:
+                work = lambda diff=diff: self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)  # noqa: E731
+            else:
+                work = lambda diff=diff: self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)  # noqa: E731
+            request = self.order.start(work, after=computed, label=("gradients", (layer_id,)))
+            self._reduces.append((part_pids, layer_id, request))
         if self.rank != self.root:
-            self._propagate(layer_id, pids)
+            self._propagate(layer_id, pids, computed)
         elif self._per_layer:
             self._update_arrived(wait=False)
         if layer_id == self.final_grads_layer:
@@ -83,48 +92,52 @@ class SCaffeSchedule(Schedule):
     def on_gradients_ready(self):
         if self.final_grads_layer is None:  # a net without gradients still agrees on requests
             self._gather_requests()
-        self.wait_all(list(self._bcasts.values()), "parameters")  # parameters no forward asked for
+        self.wait_all([request for requests in self._bcasts.values() for request in requests],
+                      "parameters")  # parameters no forward asked for
         self._bcasts = {}
         if self.rank == self.root:
             if not self._per_layer:
                 self.wait_all([request for _, _, request in self._reduces], "gradients")
-                self._average([pid for pid, _, _ in self._reduces])
+                self._average([pid for pids, _, _ in self._reduces for pid in pids])
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
             self._update_arrived(wait=True)
-        self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
+            self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
                       "gradients")
-        self.wait_all(self._propagating, "parameters")
+        self.wait_all([request for _, request in self._propagating], "parameters")
+        if self.rank != self.root:
+            for layer_id in dict.fromkeys(layer_id for layer_id, _ in self._propagating):
+                self.order.parameters_arrived(layer_id)
         self.agreed = requests_from_flags(self._flags_down)
 
-    # ------------------------------------------------------------ the root's update, blob by blob
+    # ------------------------------------------------------------ the root's update, layer by layer
 
     def _update_arrived(self, wait):
         """Update and broadcast, in reduce order, the blobs whose sums have arrived (all, with `wait`)."""
         while self._updated < len(self._reduces):
-            pid, layer_id, request = self._reduces[self._updated]
+            pids, layer_id, request = self._reduces[self._updated]
             if wait:
                 self.wait_all([request], "gradients")
             elif not request.Test():
                 return
             self._updated += 1
             with timeline.updating():
-                if self._per_layer:  # else every blob was averaged and clipped before
-                    self._average([pid])
-                blob = self.params[pid]
-                self.solver.compute_step(pid, self.solver.get_learning_rate())
-                blob.data -= blob.diff
-            self._propagate(layer_id, [pid])
+                # Averaged here, or all at once before clipping.
+                self.solver.update_params(pids, self.solver.get_learning_rate(),
+                                          1.0 / self.size if self._per_layer else 1.0)
+            self._propagate(layer_id, pids, self.order.mark())
 
     def _average(self, pids):
         scale = numpy.float32(1.0 / self.size)
         for pid in pids:
             self.params[pid].diff *= scale
 
-    def _propagate(self, layer_id, pids):
-        with events.labelled(("parameters", (layer_id,))):
-            for pid in pids:
-                self._propagating.append(self.propagation.Ibcast(self.buffer(self.params[pid].data), root=self.root))
+    def _propagate(self, layer_id, pids, after):
+        """Broadcast the parameters of `pids` (of layer `layer_id`) once event `after` has completed."""
+        for _, data in self.layer_parts(pids, "data"):
+            request = self.order.start(lambda data=data: self.propagation.Ibcast(data, root=self.root), after=after,
+                                       label=("parameters", (layer_id,)))
+            self._propagating.append((layer_id, request))
 
     # ------------------------------------------------------------ stop/snapshot requests
 
@@ -132,10 +145,10 @@ class SCaffeSchedule(Schedule):
         # The root's _flags_up holds last iteration's sum (Ireduce in place); sent before it is reused.
         if self.rank == self.root:
             self._flags_down[:] = self._flags_up
-        self._announce = self.comm.Ibcast(self._flags_down, root=self.root)
+        self._announce = self.order.start(lambda: self.comm.Ibcast(self._flags_down, root=self.root))
 
     def _gather_requests(self):
         self._flags_up[:] = self.local_flags()
         send = MPI.IN_PLACE if self.rank == self.root else self._flags_up
         recv = self._flags_up if self.rank == self.root else None
-        self._flags_reduce = self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root)
+        self._flags_reduce = self.order.start(lambda: self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))

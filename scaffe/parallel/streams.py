@@ -1,0 +1,140 @@
+"""Where a schedule's collectives start: at once on the CPU; after per-layer CUDA events on a GPU.
+
+On a GPU the training thread only queues work: layers run on the compute stream (the one current
+when training starts), and the training thread never waits for the device inside an iteration. When
+layer i's backward (or the root's update of layer i) has been queued, an event is recorded on the
+compute stream; the communication thread waits for that event alone, then starts the collectives of
+layer i, while the compute stream goes on with layer i-1. Parameters that arrived for the next
+iteration are marked per layer by an event on the propagation stream, and layer i's forward waits
+for its own event on the device (S-Caffe's multi-stage propagation), not for the whole transfer.
+
+Every collective of a schedule goes through one FIFO thread, so each rank starts them in its program
+order, as MPI requires. Without MPI_THREAD_MULTIPLE no other thread may call MPI: the training thread
+then waits for each event itself and starts the collective.
+"""
+import queue
+import threading
+
+from mpi4py import MPI
+
+from collectives import events
+from collectives.progress import current_device, use_device
+
+
+class HostOrder:
+    """CPU training: data is ready when the training thread gets to it; collectives start at once."""
+
+    def mark(self):
+        """What `start` must wait for before reading what the compute queued so far: nothing here."""
+        return None
+
+    @staticmethod
+    def start(work, after=None, label=None):
+        with events.labelled(label):
+            return work()
+
+    def parameters_arrived(self, layer_id):
+        """Layer `layer_id`'s parameters arrived (its broadcasts completed); the host reads them directly."""
+
+    def parameters_needed(self, layer_id):
+        """Before layer `layer_id`'s forward: nothing to order on the host."""
+
+    def close(self):
+        pass
+
+
+class Started:
+    """A collective the communication thread starts: `request()` waits until it has (it may raise its error)."""
+    __slots__ = ("_done", "_request", "_error")
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._request = self._error = None
+
+    def request(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._request
+
+    def Test(self):
+        """MPI's Test: False while not even started."""
+        return self._done.is_set() and self.request().Test()
+
+
+def requests_of(handles):
+    """The MPI requests behind `handles` (MPI requests or `Started`), once started."""
+    return [handle.request() if isinstance(handle, Started) else handle for handle in handles]
+
+
+class DeviceOrder:
+    """GPU training (cupy or its stand-in): collectives start after events on the compute stream."""
+
+    def __init__(self, cupy, layer_count):
+        self.cupy = cupy
+        self.compute = cupy.cuda.get_current_stream()
+        self.propagation = cupy.cuda.Stream(non_blocking=True)
+        self._arrived = [None] * layer_count  # layer -> event on the propagation stream, until its forward
+        self._queue = queue.Queue()
+        self._thread = None
+        self._threaded = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+    def mark(self):
+        """An event after everything queued on the compute stream so far."""
+        return self.compute.record()
+
+    def start(self, work, after=None, label=None):
+        """`work()` (which starts a collective and returns its request) once event `after` has completed."""
+        if not self._threaded:
+            if after is not None:
+                after.synchronize()
+            return HostOrder.start(work, label=label)
+        started = Started()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, args=(current_device(),), name="scaffe-comm",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put((work, after, label, started))
+        return started
+
+    def _loop(self, device):
+        use_device(device)
+        # Its own stream: what the collectives queue from here must not wait for the compute stream.
+        with self.cupy.cuda.Stream(non_blocking=True):
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                work, after, label, started = item
+                try:
+                    if after is not None:
+                        after.synchronize()
+                    started._request = HostOrder.start(work, label=label)
+                except BaseException as error:  # the training thread raises it when it asks for the request
+                    started._error = error
+                finally:
+                    started._done.set()
+
+    def parameters_arrived(self, layer_id):
+        """Layer `layer_id`'s broadcasts completed: what they queued on the propagation stream is marked."""
+        self._arrived[layer_id] = self.propagation.record()
+
+    def parameters_needed(self, layer_id):
+        """Layer `layer_id`'s forward (queued next on the compute stream) waits for its parameters' event."""
+        event, self._arrived[layer_id] = self._arrived[layer_id], None
+        if event is not None:
+            self.compute.wait_event(event)
+
+    def close(self):
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+def order_for(net):
+    """The order a schedule starts its collectives in, for `net`'s arrays."""
+    import numpy
+    if net.xp is numpy:
+        return HostOrder()
+    return DeviceOrder(net.xp, len(net.layers))
