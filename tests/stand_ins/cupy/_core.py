@@ -115,12 +115,19 @@ ufunc.__module__ = "cupy"
 
 def _index(key):
     """An index as numpy takes it. cupy copies host index arrays and lists to the device itself
-    (_routines_indexing._prepare_slice_list), so numpy arrays are allowed here, unlike in kernels."""
-    if isinstance(key, ndarray):
-        return key._array
-    if isinstance(key, tuple):
-        return tuple(_index(k) for k in key)
-    return key
+    (_routines_indexing._prepare_slice_list), so numpy arrays are allowed here, unlike in kernels. A
+    boolean mask costs a host sync in cupy (it reads the number of selected elements back), so it is counted."""
+    parts = key if isinstance(key, tuple) else (key,)
+    index = tuple(p._array if isinstance(p, ndarray) else p for p in parts)
+    for p in index:
+        if isinstance(p, (numpy.ndarray, list)) and numpy.asarray(p).dtype == numpy.bool_:
+            _stand_in.count("device_to_host")
+    return index if isinstance(key, tuple) else index[0]
+
+
+def _is_advanced(index):
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, (numpy.ndarray, list)) for p in parts)
 
 
 class _Flags:
@@ -326,15 +333,20 @@ class ndarray:
         return wrap(self._array[_index(key)])
 
     def __setitem__(self, key, value):
+        index = _index(key)
         if isinstance(value, ndarray):
-            self._array[_index(key)] = value._array
-            return
-        # cupy stores anything that is not a device array through fill(), which takes only scalars.
-        target = self[key]
-        if isinstance(target, ndarray):
-            target.fill(value)
-        else:  # pragma: no cover - numpy always returns a view or 0-d array for basic keys
-            raise TypeError(f"cannot assign to {key!r}")
+            self._array[index] = value._array
+        elif _is_advanced(index):
+            # cupy uploads host values for integer-array and mask indexing (core.array(value))
+            if isinstance(value, numpy.ndarray):
+                _stand_in.count("host_to_device")
+            self._array[index] = value
+        else:
+            # for basic indexing cupy stores a host value through fill(), which takes only scalars
+            value = numpy.asarray(value, dtype=self.dtype)
+            if value.shape != ():
+                raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+            self._array[index] = value[()]
 
     # ---- operators
     __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")

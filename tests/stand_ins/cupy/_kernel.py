@@ -33,7 +33,8 @@ class ElementwiseKernel:
         self.options = tuple(options)
 
     def __call__(self, *args, size=None, block_size=None):
-        from cupy import _twins
+        from cupy import _stand_in, _twins
+        _stand_in.count(f"launch:{self.name}")
         twin = _twins.TWINS.get(self.name)
         if twin is None:
             raise NotImplementedError(f"cupy stand-in: no numpy twin for ElementwiseKernel {self.name!r}; "

@@ -3,6 +3,7 @@
 `counters["device_to_host"]`: copies to the host (`.get()`, `cupy.asnumpy`, `float(x)`, `x.item()`, ...),
 each one a host synchronisation in real cupy. `counters["host_to_device"]`: uploads (`cupy.asarray` of host
 data, `x.set(host)`). `counters["synchronize"]`: explicit stream/device/event synchronisations.
+`counters["launch:<name>"]`: launches of the ElementwiseKernel <name>.
 """
 import collections
 import ctypes
