@@ -82,3 +82,33 @@ def test_cupy_path_matches_numpy(cupy_stand_in, proto, bottoms, options):
     for (got_data, got_diff), (want_data, want_diff) in zip(device_params, host_params):
         numpy.testing.assert_allclose(got_data, want_data, rtol=2e-5, atol=2e-6)
         numpy.testing.assert_allclose(got_diff, want_diff, rtol=2e-5, atol=2e-6)
+
+
+def dropout_on_device(cupy, x, seed):
+    blob, top = Blob(x.shape, xp=cupy), Blob((), xp=cupy)
+    blob.data[...] = cupy.asarray(x)
+    layer = create_layer(layer_param('type: "Dropout" dropout_param { dropout_ratio: 0.3 }'), caffe_pb2.TRAIN)
+    layer.rng = numpy.random.default_rng(seed)
+    layer.setup([blob], [top])
+    layer.reshape([blob], [top])
+    return layer, blob, top
+
+
+def test_dropout_draws_its_mask_on_the_device(cupy_stand_in):
+    x = numpy.random.default_rng(0).uniform(1, 2, (200, 50)).astype(numpy.float32)
+    layer, blob, top = dropout_on_device(cupy_stand_in, x, seed=3)
+    uploads = cupy_stand_in._stand_in.counters["host_to_device"]
+    layer.forward([blob], [top])
+    assert cupy_stand_in._stand_in.counters["host_to_device"] == uploads  # nothing drawn on the host
+    assert isinstance(layer.mask, cupy_stand_in.ndarray) and layer.mask.dtype == numpy.float32
+    y = top.data.get()
+    kept = y != 0
+    assert abs(kept.mean() - 0.7) < 0.02
+    numpy.testing.assert_allclose(y[kept], x[kept] / numpy.float32(0.7), rtol=1e-6)
+    dy = numpy.random.default_rng(4).standard_normal(x.shape).astype(numpy.float32)
+    top.diff[...] = cupy_stand_in.asarray(dy)
+    layer.backward([top], [True], [blob])
+    numpy.testing.assert_allclose(blob.diff.get(), numpy.where(kept, dy / numpy.float32(0.7), 0), rtol=1e-6)
+    again, blob2, top2 = dropout_on_device(cupy_stand_in, x, seed=3)  # the layer's seed decides the masks
+    again.forward([blob2], [top2])
+    numpy.testing.assert_array_equal(top2.data.get(), y)
