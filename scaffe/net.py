@@ -474,11 +474,11 @@ class Net:
                 hook(i)
             record = self.layer_records[i]
             if timed:
-                began = self._clock()
+                began = self.clock()
             record.layer.reshape(record.bottoms, record.tops)
             record.layer.forward(record.bottoms, record.tops)
             if timed:
-                ended = self._clock()
+                ended = self.clock()
                 for hook in timed:
                     hook(i, "forward", began, ended)
             for top_id, w in record.loss_tops:
@@ -505,16 +505,16 @@ class Net:
         for i in range(start, end - 1, -1):
             if self.layer_records[i].need_backward:
                 if timed:
-                    began = self._clock()
+                    began = self.clock()
                 self._backward_layer(self.layer_records[i])
                 if timed:
-                    ended = self._clock()
+                    ended = self.clock()
                     for hook in timed:
                         hook(i, "backward", began, ended)
             for hook in self.grads_ready_hooks:
                 hook(i)
 
-    def _clock(self):
+    def clock(self):
         """perf_counter() once the work queued so far is done: a GPU runs layers asynchronously, so
         without waiting for its stream a layer's time would be its kernel launches only."""
         if self.xp is not numpy:
