@@ -222,6 +222,17 @@ class ndarray:
             return NotImplemented
         return cupy_func(*args, **kwargs)
 
+    @property
+    def __cuda_array_interface__(self):
+        """CUDA's array interface (v3) as cupy exports it, with the current stream; the pointer is host memory,
+        which a machine without a CUDA driver reads as host memory (what the collectives and mpi4py do)."""
+        from cupy import cuda
+        stream = cuda.get_current_stream()
+        return {"shape": self.shape, "typestr": self.dtype.str, "descr": [("", self.dtype.str)],
+                "data": (self._array.__array_interface__["data"][0], False),
+                "strides": None if self._array.flags.c_contiguous else self._array.strides, "version": 3,
+                "stream": 1 if stream.is_null else stream.ptr}
+
     def get(self, stream=None, order="C", out=None, blocking=True):
         """The array copied to the host (a device-to-host copy: counted)."""
         _stand_in.count("device_to_host")
