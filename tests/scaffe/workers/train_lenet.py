@@ -1,8 +1,12 @@
 """Train LeNet for a few iterations (under mpiexec or alone) and save the root's weights.
 
-argv: schedule iterations batch_per_rank out.npz [solver_field=value ...]
+argv: schedule iterations batch_per_rank out.npz [solver_field=value ...] [--gpu]
+
+With --gpu the net lives on cupy (the stand-in, in CI), and the file also holds `host_syncs`: how often
+the training thread waited for the device inside the iterations between the first and the last.
 """
 import sys
+import threading
 
 import numpy
 from mpi4py import MPI
@@ -11,9 +15,33 @@ import collectives
 from scaffe import io as sio
 from scaffe.parallel.launch import make_distributed
 from scaffe.solvers import create_solver, read_solver_file
+from scaffe.solvers.callbacks import SolverCallback
+
+
+class HostSyncs(SolverCallback):
+    """Counts the stand-in's host syncs made by the training thread inside iterations 1 .. max_iter - 2."""
+
+    def __init__(self, solver, stand_in):
+        self.solver, self.count, self._inside = solver, 0, False
+        counted, training = stand_in.count, threading.current_thread()
+
+        def count(kind):
+            counted(kind)
+            if self._inside and threading.current_thread() is training and kind in ("device_to_host", "synchronize"):
+                self.count += 1
+        stand_in.count = count
+
+    def on_start(self):
+        self._inside = 0 < self.solver.iter < self.solver.param.max_iter - 1
+
+    def on_iteration(self, record):
+        self._inside = False
+
 
 collectives.install_abort_hook()
-schedule, iterations, batch, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+gpu = "--gpu" in sys.argv
+args = [arg for arg in sys.argv[1:] if arg != "--gpu"]
+schedule, iterations, batch, out = args[0], int(args[1]), int(args[2]), args[3]
 comm = MPI.COMM_WORLD
 param = read_solver_file("examples/mnist/lenet_solver.prototxt")
 param.max_iter = iterations
@@ -23,7 +51,7 @@ param.snapshot = 0
 param.snapshot_after_train = False
 param.display = 0
 param.random_seed = 5
-for setting in sys.argv[5:]:
+for setting in args[4:]:
     field, value = setting.split("=")
     setattr(param, field, type(getattr(param, field))(value))
 net = sio.read_net_prototxt("examples/mnist/lenet_train_test.prototxt")
@@ -32,9 +60,22 @@ for layer in net.layer:
         layer.data_param.batch_size = batch
 param.ClearField("net")
 param.net_param.CopyFrom(net)
-solver = create_solver(param, source="examples/mnist/lenet_solver.prototxt", root_solver=comm.rank == 0)
+xp = numpy
+if gpu:
+    import cupy
+    xp = cupy
+solver = create_solver(param, source="examples/mnist/lenet_solver.prototxt", root_solver=comm.rank == 0,
+                       net_kwargs={"xp": xp})
+if gpu:
+    # Fillers draw from the device generator: start from the numpy fillers' weights, as the CPU runs do.
+    host = create_solver(param, root_solver=False)
+    solver.net.copy_trained_layers_from(host.net.to_proto())
+    host.close()
+    syncs = HostSyncs(solver, cupy._stand_in)
+    solver.callbacks.insert(0, syncs)  # around every other callback's work
 if comm.size > 1:
     make_distributed(solver, comm, schedule)
 solver.solve()
 if comm.rank == 0:
-    numpy.savez(out, *[numpy.asarray(b.data) for b in solver.net.learnable_params])
+    extra = {"host_syncs": syncs.count} if gpu else {}
+    numpy.savez(out, *[sio.to_host(b.data) for b in solver.net.learnable_params], **extra)

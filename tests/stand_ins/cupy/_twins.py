@@ -164,3 +164,6 @@ def _ave_pool_backward(i, dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, d
 def _windows_covering(kernel, stride):
     """An upper bound on how many pooling windows along one axis contain a given cell."""
     return (kernel + stride - 1) // stride
+
+
+from cupy import _solver_twins  # noqa: E402,F401 - registers the solvers' update twins

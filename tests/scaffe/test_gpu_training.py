@@ -1,0 +1,154 @@
+"""GPU training under the cupy stand-in: fused solver steps, schedules on device arrays, the threads' devices,
+and P ranks on "GPUs" (mpiexec) against one rank with P x batch."""
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy
+import pytest
+
+from scaffe.io import to_host
+from scaffe.proto import caffe_pb2
+from scaffe.solvers import create_solver
+from test_cupy_nets import input_net
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("workers") / "train_lenet.py"
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+SOLVERS = {
+    "SGD": {"momentum": 0.9},
+    "Nesterov": {"momentum": 0.9},
+    "AdaGrad": {},
+    "RMSProp": {"rms_decay": 0.9},
+    "AdaDelta": {"momentum": 0.95, "delta": 1e-6, "base_lr": 1.0},
+    "Adam": {"momentum": 0.9, "momentum2": 0.999, "base_lr": 0.001},
+}
+
+
+def lenet_solvers(cupy, solver_type, **fields):
+    """The same LeNet solver (batch 4, an Input layer) on numpy and on cupy, with the same weights and data.
+    Biases get decay_mult 0, so lr_mult and decay_mult both differ between blobs."""
+    net = input_net("mnist/lenet_train_test.prototxt", 4, (1, 28, 28))
+    for layer in net.layer:
+        if len(layer.param) == 2:
+            layer.param[1].decay_mult = 0
+    settings = dict({"base_lr": 0.01, "weight_decay": 0.005, "lr_policy": "fixed", "max_iter": 100, "display": 0,
+                     "random_seed": 3, "snapshot_after_train": False}, **SOLVERS[solver_type], **fields)
+    param = caffe_pb2.SolverParameter(type=solver_type, **settings)
+    param.net_param.CopyFrom(net)
+    host = create_solver(param)
+    device = create_solver(param, net_kwargs={"xp": cupy})
+    device.net.copy_trained_layers_from(host.net.to_proto())
+    rng = numpy.random.default_rng(0)
+    images = rng.uniform(0, 1, (4, 1, 28, 28)).astype(numpy.float32)
+    labels = rng.integers(0, 10, 4).astype(numpy.float32)
+    for solver, xp in ((host, numpy), (device, cupy)):
+        solver.net.blobs["data"].data[...] = xp.asarray(images)
+        solver.net.blobs["label"].data[...] = xp.asarray(labels)
+    return host, device
+
+
+def assert_same_training(host, device):
+    for a, b in zip(device.net.learnable_params, host.net.learnable_params):
+        numpy.testing.assert_allclose(to_host(a.data), b.data, rtol=1e-5, atol=1e-7)
+    for a, b in zip(device.history, host.history):
+        numpy.testing.assert_allclose(to_host(a), b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("solver_type, fields", [(t, {}) for t in SOLVERS] + [
+    ("SGD", {"regularization_type": "L1", "iter_size": 2})])
+def test_fused_step_equals_the_per_blob_pipeline(cupy_stand_in, solver_type, fields):
+    """A GPU solver step is one kernel launch over the flat buffers, with no host sync, and trains exactly as
+    the CPU's per-blob pipeline does."""
+    from cupy import _solver_twins
+    host, device = lenet_solvers(cupy_stand_in, solver_type, **fields)
+    _solver_twins.launches.clear()
+    host.step(3)
+    device.step(3)
+    assert_same_training(host, device)
+    assert sum(_solver_twins.launches.values()) == 3
+    device.net.forward_backward()
+    cupy_stand_in._stand_in.reset()
+    device.apply_update()
+    assert cupy_stand_in._stand_in.host_syncs() == 0
+
+
+@pytest.mark.parametrize("schedule", ["allreduce", "scaffe"])
+def test_schedules_take_device_gradients(cupy_stand_in, schedule):
+    """Both schedules on one rank with device arrays train as the single process does (the allreduce
+    schedule's numpy packing raised "Implicit conversion to a NumPy array" at the first backward)."""
+    import collectives
+    from mpi4py import MPI
+
+    from scaffe.parallel import attach
+    host, device = lenet_solvers(cupy_stand_in, "Adam")
+    attach(device, collectives.Comm(MPI.COMM_WORLD), schedule)
+    host.step(3)
+    device.step(3)
+    assert_same_training(host, device)
+
+
+def test_helper_threads_work_on_the_ranks_device(cupy_stand_in, monkeypatch):
+    """The collectives' progress thread and the schedules' communication thread take the device of the thread
+    that started them (a new thread would be on device 0)."""
+    from mpi4py import MPI
+
+    from collectives.events import Name
+    from collectives.progress import Progress
+    from scaffe.parallel.streams import DeviceOrder
+    monkeypatch.setattr(cupy_stand_in.cuda.runtime, "DEVICE_COUNT", 2)
+    cupy_stand_in.cuda.Device(1).use()
+    seen = []
+    progress = Progress()
+    MPI.Request.Wait(progress.submit(lambda: seen.append(cupy_stand_in.cuda.Device().id), Name("probe", None), 0))
+    progress.stop()
+    order = DeviceOrder(cupy_stand_in, 1)
+    seen.append(order.start(lambda: cupy_stand_in.cuda.Device().id, after=order.mark()).request())
+    order.close()
+    assert seen == [1, 1]
+    assert threading.current_thread() is threading.main_thread()
+
+
+def test_bench_train_synchronises_before_reading_the_clock(cupy_stand_in):
+    from perf import bench_train
+    cupy_stand_in._stand_in.reset()
+    result = bench_train.bench("lenet", 2, 1, cupy_stand_in)
+    # forward, backward: three readings per iteration, then two around the full steps
+    assert cupy_stand_in._stand_in.counters["synchronize"] >= 3 * 2 + 2
+    assert result["iter_ms"] > 0
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
+
+
+def _train(ranks, args, timeout=400):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable, str(WORKER)] + args + ["--gpu"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          start_new_session=True)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+
+
+@pytest.mark.parametrize("settings", [[], ["type=Adam", "base_lr=0.001"]], ids=["SGD", "Adam"])
+def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_path, settings):
+    """2 ranks x batch 8 on "GPUs" (stand-in) reach the weights of 1 rank x batch 16, with both schedules,
+    and the schedules add no host sync to an iteration (the single process's count: the net's own)."""
+    iterations, ranks, batch = 4, 2, 8
+    single = tmp_path / "single.npz"
+    _train(1, ["scaffe", str(iterations), str(ranks * batch), str(single), *settings])
+    a = dict(numpy.load(single))
+    for schedule in ("scaffe", "allreduce"):
+        multi = tmp_path / f"{schedule}.npz"
+        _train(ranks, [schedule, str(iterations), str(batch), str(multi), *settings])
+        b = dict(numpy.load(multi))
+        assert b.pop("host_syncs") == a["host_syncs"], schedule
+        assert sorted(b) == sorted(set(a) - {"host_syncs"})
+        for name in b:
+            scale = max(1.0, float(numpy.abs(a[name]).max()))
+            numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=schedule)
