@@ -122,16 +122,17 @@ def _gpu_ids(gpu_flag, count):
     return ids
 
 
-def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0):
+def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0, local_rank=None):
     """numpy for the CPU, cupy on the chosen device for a GPU; logs like Caffe.
 
     An explicit --gpu requires a GPU. `solver_mode: GPU` without the flag (what Caffe's example
     solvers say) uses device `device_id` when there is one and the CPU otherwise. Under an MPI launcher,
-    the rank of local rank r takes device r % GPUs (of those --gpu lists, or of all without the flag).
+    the rank of local rank r takes device r % GPUs (of those --gpu lists, or of all without the flag);
+    `local_rank` None: the launcher's.
     """
     from kernels.backend import cupy_or_none
     from scaffe.parallel.launch import device_for_rank, launcher_local_rank
-    local_rank = launcher_local_rank()
+    local_rank = launcher_local_rank() if local_rank is None else local_rank
     if not gpu_flag:
         if not solver_mode_gpu or cupy_or_none() is None:
             log.info("Use CPU.")
@@ -227,13 +228,19 @@ def _solver_param(args):
     flag("--timeline", default="", help="write a Chrome trace of training here (all ranks, one file; "
                                         "open in ui.perfetto.dev) and log the hidden communication")))
 def _train(args):
-    from scaffe.parallel.launch import make_distributed, quiet_non_root, world
+    from scaffe.parallel.launch import launcher_local_rank, make_distributed, node_local_rank, quiet_non_root, world
     from scaffe.solvers import create_solver
     from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
     from scaffe.solvers.solver import test_output_keys
     param = _solver_param(args)
-    xp = _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU, param.device_id)
     keep_sighup_from_ucx()  # before MPI starts (world() below)
+    # The GPU is picked before MPI starts (CUDA-aware MPIs want that) where the launcher gives the local
+    # rank; a launcher that does not is asked through MPI's node split.
+    local_rank = launcher_local_rank()
+    if local_rank is None:
+        local_rank = node_local_rank(world()[0])
+    xp = _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU, param.device_id,
+                        local_rank)
     handler = SignalHandler(args.sigint_effect, args.sighup_effect)
     csv_log = solver = timeline = None
     comm, rank, size = world()

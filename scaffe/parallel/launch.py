@@ -31,6 +31,18 @@ def launcher_local_rank(environ=os.environ):
     return None
 
 
+def node_local_rank(comm):
+    """This process's rank among those of `comm` on its host (MPI's shared-memory split; collective), or
+    None for a single process, which picks its device as a process without a launcher does."""
+    from mpi4py import MPI
+    if comm.Get_size() == 1:
+        return None
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    rank = node.Get_rank()
+    node.Free()
+    return rank
+
+
 def device_for_rank(device_ids, local_rank):
     """The one device of `device_ids` that the process of `local_rank` drives: ranks take them in turn."""
     return device_ids[local_rank % len(device_ids)]

@@ -1,6 +1,7 @@
 """GPU training under the cupy stand-in: fused solver steps, schedules on device arrays, the threads' devices,
 and P ranks on "GPUs" (mpiexec) against one rank with P x batch."""
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -12,11 +13,13 @@ import pytest
 from scaffe.io import to_host
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import create_solver
+import test_cupy_cli
 from test_cupy_nets import input_net
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("workers") / "train_lenet.py"
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
+lenet_dir = test_cupy_cli.lenet_dir  # the fixture: LeNet at batch 8 on the bundled digits, solver_gpu.prototxt
 
 SOLVERS = {
     "SGD": {"momentum": 0.9},
@@ -63,13 +66,13 @@ def assert_same_training(host, device):
 def test_fused_step_equals_the_per_blob_pipeline(cupy_stand_in, solver_type, fields):
     """A GPU solver step is one kernel launch over the flat buffers, with no host sync, and trains exactly as
     the CPU's per-blob pipeline does."""
-    from cupy import _solver_twins
     host, device = lenet_solvers(cupy_stand_in, solver_type, **fields)
-    _solver_twins.launches.clear()
+    counters = cupy_stand_in._stand_in.counters
+    counters.clear()
     host.step(3)
     device.step(3)
     assert_same_training(host, device)
-    assert sum(_solver_twins.launches.values()) == 3
+    assert sum(n for kind, n in counters.items() if kind.endswith("_update")) == 3
     device.net.forward_backward()
     cupy_stand_in._stand_in.reset()
     device.apply_update()
@@ -119,6 +122,20 @@ def test_bench_train_synchronises_before_reading_the_clock(cupy_stand_in):
     # forward, backward: three readings per iteration, then two around the full steps
     assert cupy_stand_in._stand_in.counters["synchronize"] >= 3 * 2 + 2
     assert result["iter_ms"] > 0
+
+
+@pytest.mark.parametrize("launcher_says", [True, False], ids=["launcher", "node split"])
+def test_ranks_take_the_gpu_of_their_local_rank(cupy_stand_in, lenet_dir, monkeypatch, launcher_says):
+    """`mpiexec -n 2 scaffe train --gpu=all` on a host of 2 GPUs: local rank r drives GPU r, told by the
+    launcher or, where it says nothing, by MPI's node split (which failed: "one process drives one GPU")."""
+    monkeypatch.setenv("CUPY_STAND_IN_DEVICES", "2")
+    hide = [] if launcher_says else ["env", "-u", "MPI_LOCALRANKID", "-u", "PMI_LOCAL_RANK"]
+    cmd = [str(MPIEXEC), "-n", "2", *hide, sys.executable, "-m", "scaffe", "train", "--solver=solver_gpu.prototxt",
+           "--gpu=all", "--iterations=1"]
+    done = subprocess.run(cmd, cwd=lenet_dir, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    devices = sorted(re.findall(r"Use GPU with device ID (\d+)", done.stdout + done.stderr))
+    assert devices == ["0", "1"]
 
 
 @pytest.fixture(scope="module")

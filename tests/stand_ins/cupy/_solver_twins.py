@@ -1,14 +1,7 @@
-"""numpy twins of the solvers' fused update kernels (scaffe.solvers.fused and each solver's body), line by line.
-
-`launches` counts each kernel's calls by name, so tests can check that a step is one launch.
-"""
-import collections
-
+"""numpy twins of the solvers' fused update kernels (scaffe.solvers.fused and each solver's body), line by line."""
 import numpy
 
 from cupy._twins import twin
-
-launches = collections.Counter()
 
 
 def _gradient(data, diff, lr_mult, decay_mult, rate, grad_scale, weight_decay, l1):
@@ -28,7 +21,6 @@ def _apply(data, diff, step):
 def _update(name):
     def register(body):
         def run(i, data, diff, lr_mult, decay_mult, rate, grad_scale, weight_decay, l1, **rest):
-            launches[name] += 1
             g, local_rate = _gradient(data, diff, lr_mult, decay_mult, rate, grad_scale, weight_decay, l1)
             _apply(data, diff, body(data.dtype.type, g, local_rate, **rest))
         return twin(name)(run)

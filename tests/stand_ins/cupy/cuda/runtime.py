@@ -1,6 +1,9 @@
-"""cupy.cuda.runtime for the stand-in: one device, described with the fields scaffe reads."""
+"""cupy.cuda.runtime for the stand-in: its devices, described with the fields scaffe reads."""
 
-DEVICE_COUNT = 1
+import os
+
+# How many devices the stand-in shows: one, or CUPY_STAND_IN_DEVICES (rank-to-device tests).
+DEVICE_COUNT = int(os.environ.get("CUPY_STAND_IN_DEVICES", "1"))
 
 
 class CUDARuntimeError(RuntimeError):
