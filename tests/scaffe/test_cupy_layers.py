@@ -1,5 +1,6 @@
 """Every layer's cupy path (under the cupy stand-in) against its numpy path: same tops, same gradients,
-and no host synchronisation inside forward or backward."""
+and no host synchronisation inside forward or backward (loss layers included: their loss stays on the
+device until the solver displays it)."""
 import numpy
 import pytest
 
@@ -19,6 +20,11 @@ FORWARD_ONLY_CASES = [
     ("threshold", 'type: "Threshold" threshold_param { threshold: 0.2 }', [normal(2, 3)], {"check_bottoms": []}),
     ("parameter", 'type: "Parameter" parameter_param { shape { dim: 2 dim: 3 } }', [], {"check_bottoms": []}),
 ]
+
+
+# Layers whose cupy path still copies to the host: Embed checks its indices there, ArgMax sorts there,
+# Accuracy's per-class top counts there. None of them is in a training iteration of the example nets.
+READ_BACK_ON_THE_HOST = {"Embed", "ArgMax", "Accuracy"}
 
 
 def _to_host(array):
@@ -76,7 +82,8 @@ def test_cupy_path_matches_numpy(cupy_stand_in, proto, bottoms, options):
     host_tops, host_bottom_diffs, host_params, params, top_diffs, _ = run_layer(numpy, proto, bottoms, options)
     tops, bottom_diffs, device_params, _, _, syncs = run_layer(cupy_stand_in, proto, bottoms, options, params,
                                                                top_diffs)
-    print("SYNCS", syncs)
+    if proto.split('"')[1] not in READ_BACK_ON_THE_HOST:
+        assert syncs == 0, "the cupy path made the host wait for the device"
     for got, want in zip(tops + bottom_diffs, host_tops + host_bottom_diffs):
         numpy.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
     for (got_data, got_diff), (want_data, want_diff) in zip(device_params, host_params):
