@@ -119,3 +119,15 @@ def test_dropout_draws_its_mask_on_the_device(cupy_stand_in):
     again, blob2, top2 = dropout_on_device(cupy_stand_in, x, seed=3)  # the layer's seed decides the masks
     again.forward([blob2], [top2])
     numpy.testing.assert_array_equal(top2.data.get(), y)
+
+
+def test_convolution_on_the_gpu_takes_the_batch_in_one_chunk(cupy_stand_in):
+    """Columns of 11 MiB: over the CPU's cache-sized chunks, one chunk on a GPU (one im2col launch in
+    forward, columns reused by backward)."""
+    from scaffe.layers.convolution import COL_BUDGET_BYTES
+    proto = ('type: "Convolution" convolution_param { num_output: 2 kernel_size: 5 pad: 2 '
+             'weight_filler { type: "gaussian" std: 0.1 } }')
+    x = numpy.random.default_rng(0).standard_normal((6, 8, 48, 48)).astype(numpy.float32)
+    assert 8 * 25 * 48 * 48 * 6 * 4 > COL_BUDGET_BYTES
+    run_layer(cupy_stand_in, proto, [x], {})
+    assert cupy_stand_in._stand_in.counters["launch:scaffe_im2col"] == 1
