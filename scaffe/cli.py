@@ -309,6 +309,7 @@ def _test(args):
         for _ in batches:
             loss = float(net.forward())
             rows.append([loss] + [float(v) for b in net.output_blobs for v in numpy.asarray(to_host(b.data)).ravel()])
+        net.check_deferred_errors()
         if sharding is not None:
             rows = sharding.gather(batches, rows)
         if rows is not None:  # None on all but the root: it reports for everyone

@@ -42,8 +42,8 @@ _ROUTINES = (
     "all", "amax", "amin", "any", "arange", "argmax", "argmin", "broadcast_to", "clip", "concatenate",
     "count_nonzero", "cumsum", "dot", "einsum", "empty", "empty_like", "expand_dims", "eye", "full",
     "full_like", "linspace", "matmul", "max", "mean", "min", "moveaxis", "ones", "ones_like", "outer", "pad",
-    "prod", "put_along_axis", "ravel", "repeat", "reshape", "split", "squeeze", "stack", "std", "sum",
-    "swapaxes", "take", "take_along_axis", "tensordot", "tile", "transpose", "var", "where", "zeros",
+    "prod", "ravel", "repeat", "reshape", "split", "squeeze", "stack", "std", "sum",
+    "swapaxes", "take", "tensordot", "tile", "transpose", "var", "where", "zeros",
     "zeros_like",
 )
 for _name in _ROUTINES:
@@ -101,3 +101,20 @@ def get_array_module(*args):
 
 def isscalar(element):
     return numpy.isscalar(element)
+
+
+def take_along_axis(a, indices, axis):
+    """cupy wraps out-of-range indices around instead of raising (its fancy indexing does)."""
+    wrapped = _wrap_indices(a, indices, axis)
+    return _wrap(numpy.take_along_axis(a._array, wrapped, axis=axis))
+
+
+def put_along_axis(a, indices, values, axis):
+    wrapped = _wrap_indices(a, indices, axis)
+    numpy.put_along_axis(a._array, wrapped, _unwrap_nested(values), axis=axis)
+
+
+def _wrap_indices(a, indices, axis):
+    if not isinstance(a, ndarray) or not isinstance(indices, ndarray):
+        raise TypeError(f"Unsupported type {type(a if not isinstance(a, ndarray) else indices)}")
+    return indices._array % a.shape[axis]

@@ -6,6 +6,9 @@ import numpy
 from cupy._core import ndarray
 
 
+_BLOCK = 1 << 18
+
+
 def _parse_params(spec):
     """'raw T x, int32 n' -> [(is_raw, type name, name)]."""
     params = []
@@ -72,6 +75,7 @@ class ElementwiseKernel:
             count = int(size)
         else:
             raise ValueError(f"{self.name}: loop size is undecided")
-        twin(numpy.arange(count, dtype=numpy.int64), **bound)
+        for first in range(0, count, _BLOCK):  # in blocks, so the twins' index arrays stay small
+            twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
         outputs = args[len(self.in_params):]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

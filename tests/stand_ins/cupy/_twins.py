@@ -3,7 +3,7 @@
 Each twin is a line-by-line translation of its kernel's CUDA body, vectorised over the thread index `i`:
 same index arithmetic, same summation order, arithmetic kept in the kernel's type T (a C `T / int` is a
 T division). Raw arrays are read flat in C order, as cupy's raw indexing reads them; outputs are written
-through their own shape. The CUDA sources themselves are checked by the NVRTC compile tests, not here.
+at their C-order flat index `i` (the kernel runs in blocks of `i`). The CUDA sources themselves are checked by the NVRTC compile tests, not here.
 """
 import numpy
 
@@ -17,8 +17,8 @@ def twin(name):
     return register
 
 
-def _store(out, flat_values):
-    out[...] = flat_values.reshape(out.shape)
+def _store(out, i, values):
+    out.flat[i] = values
 
 
 def _gather(raw, index, valid):
@@ -37,7 +37,7 @@ def _im2col(i, x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw
     y = (p // ow) * sh - ph + ki * dh
     xx = (p % ow) * sw - pw + kj * dw
     inside = (y >= 0) & (y < height) & (xx >= 0) & (xx < width)
-    _store(col, _gather(x, ((n * channels + c) * height + y) * width + xx, inside))
+    _store(col, i, _gather(x, ((n * channels + c) * height + y) * width + xx, inside))
 
 
 @twin("scaffe_col2im")
@@ -58,7 +58,7 @@ def _col2im(i, col, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, 
             ok = row_ok & (xs >= 0) & (xs % sw == 0) & (ox < ow)
             row = (c * kh + ki) * kw + kj
             acc += _gather(col, (row * n_img + n) * positions + oy * ow + ox, ok)
-    _store(dx, acc)
+    _store(dx, i, acc)
 
 
 @twin("scaffe_max_pool_forward")
@@ -85,8 +85,8 @@ def _max_pool_forward(i, x, channels, height, width, kh, kw, ph, pw, sh, sw, oh,
             better = inside & (value > best)
             best = numpy.where(better, value, best)
             arg = numpy.where(better, h * width + w, arg).astype(numpy.int32)
-    _store(top, best)
-    _store(mask, arg)
+    _store(top, i, best)
+    _store(mask, i, arg)
 
 
 @twin("scaffe_max_pool_backward")
@@ -109,7 +109,7 @@ def _max_pool_backward(i, dtop, mask, height, width, kh, kw, ph, pw, sh, sw, oh,
             at = base + py * ow + px
             hit = inside & (_gather(mask, at, inside) == own)
             acc += _gather(dtop, at, hit)
-    _store(dx, acc)
+    _store(dx, i, acc)
 
 
 @twin("scaffe_ave_pool_forward")
@@ -133,7 +133,7 @@ def _ave_pool_forward(i, x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top):
         for b in range(kw):
             w = ws + b
             acc += _gather(x, base + h * width + w, (h < he) & (w < we))
-    _store(top, acc / pool_size.astype(x.dtype))
+    _store(top, i, acc / pool_size.astype(x.dtype))
 
 
 @twin("scaffe_ave_pool_backward")
@@ -158,7 +158,7 @@ def _ave_pool_backward(i, dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, d
             we = numpy.minimum(ws + kw, width + pw)
             divisor = numpy.where(inside, (he - hs) * (we - ws), 1).astype(dx.dtype)
             acc += numpy.where(inside, _gather(dtop, base + py * ow + px, inside) / divisor, dx.dtype.type(0))
-    _store(dx, acc)
+    _store(dx, i, acc)
 
 
 def _windows_covering(kernel, stride):
