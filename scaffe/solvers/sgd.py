@@ -114,6 +114,9 @@ class SGDSolver(Solver):
         clip = float(numpy.float32(self.param.clip_gradients))
         if clip < 0:
             return
+        if self.flat is not None:
+            self._clip_on_device(clip)
+            return
         sumsq = 0.0
         for blob in self.net.learnable_params:
             d = blob.diff
@@ -121,10 +124,24 @@ class SGDSolver(Solver):
         l2norm = math.sqrt(sumsq)
         if l2norm > clip:
             scale = numpy.float32(clip / l2norm)
-            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
-                     fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
+            self._log_clipping(l2norm, clip, scale)
             for blob in self.net.learnable_params:
                 blob.diff *= scale
+
+    def _clip_on_device(self, clip):
+        """Clipping decided on the device: the host reads the norm (and logs Caffe's line) only on display
+        iterations, where it waits for the device anyway."""
+        xp, diff = self.net.xp, self.flat.diff
+        l2norm = xp.sqrt((diff.astype(numpy.float64) ** 2).sum())
+        scale = xp.where(l2norm > clip, clip / l2norm, 1.0).astype(numpy.float32)
+        diff *= scale
+        if self.root_solver and self._display_due() and float(l2norm) > clip:
+            self._log_clipping(float(l2norm), clip, numpy.float32(float(scale)))
+
+    @staticmethod
+    def _log_clipping(l2norm, clip, scale):
+        log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                 fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
 
     def normalize(self, param_id):
         if self.param.iter_size != 1:

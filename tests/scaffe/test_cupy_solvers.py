@@ -57,9 +57,8 @@ def test_solver_on_the_device_matches_numpy(cupy_stand_in, tmp_path, solver_type
         assert syncs == 2
 
 
-@pytest.mark.xfail(strict=True, reason="SGDSolver.clip_gradients reads each gradient's sum of squares "
-                                       "back to the host (scaffe/solvers/sgd.py, helper gputrain's scope)")
 def test_gradient_clipping_makes_no_host_sync(cupy_stand_in, tmp_path):
+    """The norm and the scale stay on the device (the log line waits for a display iteration)."""
     device = solver_on(cupy_stand_in, "SGD", {"clip_gradients": 0.5}, tmp_path)
     device.step(1)
     syncs = cupy_stand_in._stand_in.host_syncs()
