@@ -191,6 +191,21 @@ def check_alloc(w):
                         comm.Reduce(send, None, op=MPI.SUM, root=root)
                         w.check(send, data[rank], "send buffer")
 
+    # BXOR runs on the interpreted node loop, which must read shared send buffers in place as the compiled one does.
+    shared_ints = comm.alloc((n,), numpy.int64)
+    for layout, shared in layouts.items():
+        w.case(f"alloc Allreduce and Reduce BXOR int64 layout={layout}")
+        data = inputs(w, "bxor", numpy.int64, n, 400)
+        send = shared_ints if shared(rank) else numpy.empty(n, numpy.int64)
+        send[:] = data[rank]
+        out = numpy.empty(n, numpy.int64)
+        comm.Allreduce(send, out, op=MPI.BXOR)
+        w.check(out, expected_reduction("bxor", data), "Allreduce")
+        comm.Reduce(send, out if rank == last else None, op=MPI.BXOR, root=last)
+        if rank == last:
+            w.check(out, expected_reduction("bxor", data), "Reduce")
+        w.check(send, data[rank], "send buffer")
+
     w.case("alloc: a slice at an offset inside the shared window, int32 MAX, 2-D shape")
     block = comm.alloc((7, 10007), numpy.int32)
     data = inputs(w, "max", numpy.int32, 5 * 10007 - 3, 200)
