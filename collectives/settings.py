@@ -47,8 +47,9 @@ def chunk_bytes():
 def shm_chunk_bytes(local_ranks, compiled):
     """SCAFFE_SHM_CHUNK_BYTES: the chunk a step of the node loop (the `compiled` one or the interpreted one)
     moves through a shared-memory cell, on a node of `local_ranks` ranks."""
-    # A group of chunks (one per local rank) of about 256 KiB keeps the compiled loop's cells in cache;
-    # the interpreted loop's Python around each step wants about 1 MiB (perf/RESULTS.md).
+    # A group of chunks (one per local rank) of about 256 KiB keeps the compiled loop's cells in cache
+    # (perf/RESULTS.md); the interpreted loop's groups of about 1 MiB are large enough that the Python
+    # around each step vanishes, small enough that the rings stay in cache (perf/osu_allreduce.py).
     group_bytes = 256 << 10 if compiled else 1 << 20
     return positive_int("SCAFFE_SHM_CHUNK_BYTES", max(64 << 10, group_bytes // local_ranks))
 

@@ -11,9 +11,9 @@ from kernels.reduce import reduce_into
 def run(windows, src, dst, op, target, base, mode):
     """One rank's part of a node call, once it has published COPIED = base with its buffers' facts.
 
-    `src`: every rank's n-vector; `dst`: where this rank's result goes (None on a Reduce's other ranks;
-    an allgather passes its buffer as both); `target`: a Reduce's local target, -1 when every rank reads
-    the result; `base`: seq << 32; `mode`: one of protocol.MODES.
+    `src`: this rank's n-vector (alike on every rank); `dst`: where its result goes (None on a Reduce's
+    other ranks; an allgather passes its buffer as both); `target`: a Reduce's local target, -1 when every
+    rank reads the result; `base`: seq << 32; `mode`: one of protocol.MODES.
     """
     steps = _Steps(windows, src, dst, op, target, base, mode)
     while steps.pending():

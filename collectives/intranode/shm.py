@@ -63,11 +63,13 @@ class SharedWindows:
         self.result_rings = [seg[inputs_bytes:] for seg in segments]
         self.input_ring_addresses = numpy.array([_address(r) for r in self.input_rings], dtype=numpy.int64)
         self.result_ring_addresses = numpy.array([_address(r) for r in self.result_rings], dtype=numpy.int64)
-        self.description = numpy.zeros(1, DESCRIPTION)
-        self.description[0] = (
-            MPI.buffer(mem).address, Slot.PER_RANK, Slot.COPIED, Slot.REDUCED, Slot.DRAINED, Slot.SEND_LINE_OFF,
-            Slot.RECV_LINE_OFF, Slot.SEND_WIN, Slot.SEND_OFF, self.local_rank, self.local_size, self._stride, DEPTH,
-            COMPILED_SPINS, YIELDS, NAP_US)
+        described = dict(
+            control=MPI.buffer(mem).address, slots_per_rank=Slot.PER_RANK, copied=Slot.COPIED,
+            reduced=Slot.REDUCED, drained=Slot.DRAINED, send_line_off=Slot.SEND_LINE_OFF,
+            recv_line_off=Slot.RECV_LINE_OFF, send_win=Slot.SEND_WIN, send_off=Slot.SEND_OFF,
+            local_rank=self.local_rank, local_size=self.local_size, cell_stride=self._stride, depth=DEPTH,
+            spins=COMPILED_SPINS, yields=YIELDS, nap_us=NAP_US)
+        self.description = numpy.array([tuple(described[name] for name in DESCRIPTION.names)], DESCRIPTION)
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         self.alloc_bases = numpy.zeros((0, self.local_size), dtype=numpy.int64)  # [window, rank]: its address
@@ -109,8 +111,8 @@ class SharedWindows:
     def cell(self, ring, index, dtype, count, shift):
         """Cell `index` of `ring` as `count` elements of `dtype`, starting `shift` bytes into its line."""
         # glibc's memcpy on some x86 CPUs crawls when source and destination sit at different offsets
-        # within a cache line (perf/RESULTS.md), and numpy's buffers mostly start 16 bytes into one. So
-        # a cell starts at the offset of the user buffer it is copied to or from.
+        # within a cache line (perf/RESULTS.md), and numpy's buffers mostly start 16 bytes into one. So a
+        # cell starts at the offset of the user buffer it is copied to or from.
         start = index * self._stride + shift
         return ring[start:start + count * dtype.itemsize].view(dtype)
 

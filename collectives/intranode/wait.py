@@ -4,7 +4,7 @@ give the core away with sched_yield, then nap.
 On an oversubscribed node (more ranks than cores) a busy-wait steals the very core the rank we wait for
 needs; sched_yield returns at once when no other process wants the core. Only compiled code spins: a
 check there costs nanoseconds, where an interpreted one costs about a microsecond and a spin of a few
-dozen of them measurably slowed a 4-rank call on 2 cores (perf/RESULTS.md, "The compiled node loop").
+dozen of them measurably slowed a 4-rank call on 2 cores (perf/RESULTS.md).
 The compiled loop (`_steps.wait`) reads these numbers from SharedWindows.description.
 """
 import os
