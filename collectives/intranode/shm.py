@@ -50,7 +50,9 @@ class SharedWindows:
         for slot in range(Slot.PER_RANK):
             self.set_field(slot, 0)
         self.compiled_chunk_bytes = _chunk(settings.shm_chunk_bytes(self.local_size, compiled=True))
-        self.cell_bytes = max(self.compiled_chunk_bytes, _chunk(settings.shm_chunk_bytes(self.local_size, False)))
+        # The cells hold the larger chunk: the interpreted loop's and the broadcast's, by default.
+        self.cell_bytes = max(self.compiled_chunk_bytes,
+                              _chunk(settings.shm_chunk_bytes(self.local_size, compiled=False)))
         self._stride = self.cell_bytes + LINE
         # Each rank allocates its own cells, so first touch places them near the rank that writes them.
         # The cells are only read and written with plain loads and stores, never RMA calls, so they need
