@@ -1,6 +1,8 @@
 """LeNet on the GPU path under the cupy stand-in: its Data layer's uploads, and `scaffe train|test|time
 --gpu 0`, which compute on cupy and give the CPU run's numbers."""
 import re
+import subprocess
+import sys
 
 import numpy
 import pytest
@@ -110,3 +112,10 @@ def test_time_command_computes_on_the_gpu_and_waits_for_it(cupy_stand_in, lenet_
     layers = len(re.findall(r"\tforward: ", err))
     # Each layer's time is read after the device finished it: a wait before and after each layer's pass.
     assert counters["synchronize"] >= 2 * 2 * layers
+
+
+def test_processes_a_test_starts_see_the_stand_in_too(cupy_stand_in):
+    done = subprocess.run([sys.executable, "-m", "scaffe", "device_query", "--gpu", "0"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Name:                          cupy stand-in (numpy)" in done.stderr
