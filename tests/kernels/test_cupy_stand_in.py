@@ -131,3 +131,29 @@ def test_elementwise_kernel_binds_arguments_as_cupy_does(cupy_stand_in):
         kernel(x.astype(cp.float64), 1, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 3, 3, col)
     with pytest.raises(NotImplementedError, match="no numpy twin"):
         cp.ElementwiseKernel("T x", "T y", "y = x", "unregistered_kernel")(x, x)
+
+
+def test_pinned_uploads_on_a_side_stream_land_only_once_waited_for(cupy_stand_in):
+    cp = cupy_stand_in
+    memory = cp.cuda.alloc_pinned_memory(4 * 4)
+    pinned = numpy.frombuffer(memory, numpy.float32, 4)
+    pinned[...] = 1
+    device = cp.zeros(4, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    device.set(pinned, stream=stream)
+    uploaded = stream.record()
+    pinned[...] = 2  # refilled before the copy ran: the copy reads the new values, as a DMA would
+    numpy.testing.assert_array_equal(device.get(), 0)  # nobody waited: not there yet
+    cp.cuda.get_current_stream().wait_event(uploaded)
+    numpy.testing.assert_array_equal(device.get(), 2)
+    assert cp._stand_in.counters["pinned_upload"] == 1 and cp._stand_in.counters["pageable_upload"] == 0
+    device.set(numpy.full(4, 3, numpy.float32), stream=stream)  # pageable: copied before set() returns
+    numpy.testing.assert_array_equal(device.get(), 3)
+    assert cp._stand_in.counters["pageable_upload"] == 1
+
+
+def test_out_of_range_gather_indices_wrap_around_as_in_cupy(cupy_stand_in):
+    cp = cupy_stand_in
+    a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
+    picked = cp.take_along_axis(a, cp.asarray(numpy.array([[4], [-1]])), axis=1)
+    numpy.testing.assert_array_equal(picked.get(), [[1], [5]])

@@ -1,6 +1,8 @@
-"""`scaffe train|test|time --gpu 0` on LeNet under the cupy stand-in: the GPU runs compute on cupy and
-give the CPU run's numbers."""
+"""LeNet on the GPU path under the cupy stand-in: its Data layer's uploads, and `scaffe train|test|time
+--gpu 0`, which compute on cupy and give the CPU run's numbers."""
 import re
+import subprocess
+import sys
 
 import numpy
 import pytest
@@ -33,6 +35,33 @@ def lenet_dir(tmp_path_factory):
     for prefix in ("cpu", "gpu"):
         (work / f"solver_{prefix}.prototxt").write_text(SOLVER % prefix)
     return work
+
+
+def test_data_layer_uploads_batches_from_pinned_memory_in_its_thread(cupy_stand_in, lenet_dir):
+    from scaffe.net import Net
+    counters = cupy_stand_in._stand_in.counters
+    host = Net.from_file(lenet_dir / "lenet.prototxt", "TRAIN")
+    device = Net.from_file(lenet_dir / "lenet.prototxt", "TRAIN", xp=cupy_stand_in)
+    try:
+        for _ in range(3):
+            before = dict(counters)
+            host.forward_from_to(0, 0)
+            device.forward_from_to(0, 0)
+            # data and labels, each from a pinned buffer, each checked against the CPU's batch
+            numpy.testing.assert_array_equal(device.blobs["data"].data.get(), host.blobs["data"].data)
+            numpy.testing.assert_array_equal(device.blobs["label"].data.get(), host.blobs["label"].data)
+            assert counters["pageable_upload"] == before.get("pageable_upload", 0)
+            assert counters["synchronize"] == before.get("synchronize", 0)  # the helper thread waits, if anyone
+    finally:
+        host.close()
+        device.close()
+    assert counters["pinned_upload"] >= 6
+
+
+def test_the_stand_in_catches_a_missing_wait_for_the_upload(cupy_stand_in, lenet_dir, monkeypatch):
+    monkeypatch.setattr(cupy_stand_in.cuda.Stream, "wait_event", lambda stream, event: None)
+    with pytest.raises(AssertionError, match="Arrays are not equal"):
+        test_data_layer_uploads_batches_from_pinned_memory_in_its_thread(cupy_stand_in, lenet_dir)
 
 
 def run(capsys, *argv):
@@ -83,3 +112,10 @@ def test_time_command_computes_on_the_gpu_and_waits_for_it(cupy_stand_in, lenet_
     layers = len(re.findall(r"\tforward: ", err))
     # Each layer's time is read after the device finished it: a wait before and after each layer's pass.
     assert counters["synchronize"] >= 2 * 2 * layers
+
+
+def test_processes_a_test_starts_see_the_stand_in_too(cupy_stand_in):
+    done = subprocess.run([sys.executable, "-m", "scaffe", "device_query", "--gpu", "0"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "Name:                          cupy stand-in (numpy)" in done.stderr

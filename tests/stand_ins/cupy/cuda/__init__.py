@@ -1,9 +1,13 @@
 """cupy.cuda for the stand-in: one device, streams, events, pinned host memory.
 
-Work is computed eagerly on the host, so streams and events order nothing by themselves; what they are
-checked for is their API and the synchronisations they cost (counted in `cupy._stand_in.counters`).
+Kernels are computed eagerly on the host. Uploads from pinned memory on a non-default stream are queued
+on that stream and run only when something orders them (Stream/Event/Device synchronize, or a stream
+waiting on an event recorded after them), so a missing wait or a host buffer refilled too early shows as
+wrong data. Synchronisations are counted in `cupy._stand_in.counters`. The legacy default stream's
+implicit ordering with blocking streams is not modelled: uploads go on non-blocking streams.
 """
 import threading
+import weakref
 
 from cupy import _stand_in
 from cupy.cuda import runtime
@@ -28,6 +32,7 @@ class Device:
     def synchronize(self):
         _check_device(self.id)
         _stand_in.count("synchronize")
+        _synchronize_all()
 
     def __enter__(self):
         _check_device(self.id)
@@ -52,19 +57,35 @@ class Device:
 
 
 class Event:
+    """Marks a point in a stream's queue: synchronizing or waiting on it runs the stream up to there."""
+
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.disable_timing = disable_timing
-        self.recorded = False
+        self._stream, self._position = None, 0
 
     def record(self, stream=None):
-        self.recorded = True
+        self._stream = get_current_stream() if stream is None else stream
+        self._position = self._stream._queued
+
+    def _complete(self):
+        if self._stream is not None:
+            self._stream._run(self._position)
 
     def synchronize(self):
         _stand_in.count("synchronize")
+        self._complete()
 
     @property
     def done(self):
-        return True
+        return self._stream is None or self._stream._done >= self._position
+
+
+_streams = weakref.WeakSet()
+
+
+def _synchronize_all():
+    for stream in list(_streams):
+        stream._run()
 
 
 class Stream:
@@ -76,6 +97,23 @@ class Stream:
         self.is_null = null
         self.non_blocking = non_blocking
         self.ptr = 0 if null else id(self)
+        self._lock = threading.Lock()
+        self._work = []  # queued asynchronous copies, run in order
+        self._queued = self._done = 0
+        _streams.add(self)
+
+    def _enqueue(self, work):
+        with self._lock:
+            self._work.append(work)
+            self._queued += 1
+
+    def _run(self, position=None):
+        """Runs the queued work up to `position` (all of it by default)."""
+        with self._lock:
+            target = self._queued if position is None else position
+            while self._done < target:
+                self._work.pop(0)()
+                self._done += 1
 
     def use(self):
         _local.stream = self
@@ -83,6 +121,7 @@ class Stream:
 
     def synchronize(self):
         _stand_in.count("synchronize")
+        self._run()
 
     def record(self, event=None):
         event = Event() if event is None else event
@@ -90,12 +129,15 @@ class Stream:
         return event
 
     def wait_event(self, event):
+        """Work queued here after this call runs after the event; the stand-in computes eagerly, so the
+        event's stream is run up to it now."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event takes a cupy.cuda.Event, not {type(event)}")
+        event._complete()
 
     @property
     def done(self):
-        return True
+        return self._done >= self._queued
 
     def __enter__(self):
         self._previous = get_current_stream()
