@@ -102,7 +102,7 @@ class SCaffeSchedule(Schedule):
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
             self._update_arrived(wait=True)
-            self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
+        self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
                       "gradients")
         self.wait_all([request for _, request in self._propagating], "parameters")
         if self.rank != self.root:
