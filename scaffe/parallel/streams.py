@@ -30,6 +30,7 @@ class HostOrder:
 
     @staticmethod
     def start(work, after=None, label=None):
+        """`work()` now: it starts a collective (labelled `label` for the timeline) and returns its request."""
         with events.labelled(label):
             return work()
 
@@ -38,9 +39,6 @@ class HostOrder:
 
     def parameters_needed(self, layer_id):
         """Before layer `layer_id`'s forward: nothing to order on the host."""
-
-    def close(self):
-        pass
 
 
 class Started:
@@ -126,6 +124,7 @@ class DeviceOrder:
             self.compute.wait_event(event)
 
     def close(self):
+        """Stop the communication thread (after the collectives handed to it have started)."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
