@@ -9,7 +9,7 @@ from kernels.cuda_sources import launch_elementwise
 
 def max_forward(x, kh, kw, ph, pw, sh, sw, oh, ow, top, mask):
     launch_elementwise("scaffe_max_pool_forward", x.dtype, top.size, x,
-                       x.shape[2], x.shape[3], kh, kw, ph, pw, sh, sw, oh, ow, top, mask)
+                       x.shape[1], x.shape[2], x.shape[3], kh, kw, ph, pw, sh, sw, oh, ow, top, mask)
 
 
 def max_backward(dtop, mask, kh, kw, ph, pw, sh, sw, dx):

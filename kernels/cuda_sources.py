@@ -113,7 +113,7 @@ _POOL = "int height, int width, int kh, int kw, int ph, int pw, int sh, int sw, 
 
 # Pooling forward: one thread per output. Backward: one thread per input element that gathers from every
 # window covering it, so there are no atomics and the result does not depend on scheduling.
-register_elementwise("scaffe_max_pool_forward", f"const T* x, {_POOL}, T* top, int* mask", """
+register_elementwise("scaffe_max_pool_forward", f"const T* x, int channels, {_POOL}, T* top, int* mask", """
         const int px = i % ow;
         const int py = (i / ow) % oh;
         const long long plane = i / ((long long)ow * oh);
