@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy
 
+from kernels.backend import get_array_module
+
 # The C types a scalar kernel parameter may have, and the numpy type an argument is passed as (cupy passes
 # a RawKernel's arguments by their own type, so a Python int would arrive as 64 bits for a 32-bit int).
 SCALAR_TYPES = {"int": numpy.int32, "long long": numpy.int64, "float": numpy.float32, "double": numpy.float64}
@@ -246,8 +248,8 @@ def launch(name, blocks, threads, *args):
     bound = []
     for (c_type, parameter), value in zip(parameters, args):
         if c_type.endswith("*"):
-            if not hasattr(value, "__cuda_array_interface__") or not value.flags.c_contiguous:
-                raise ValueError(f"{name}: {parameter} must be a C-contiguous device array")
+            if get_array_module(value) is numpy or not value.flags.c_contiguous:
+                raise ValueError(f"{name}: {parameter} must be a C-contiguous cupy array")
             bound.append(value)
         elif c_type in SCALAR_TYPES:
             bound.append(SCALAR_TYPES[c_type](value))

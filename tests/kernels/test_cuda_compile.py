@@ -114,5 +114,5 @@ def test_launch_refuses_arguments_that_do_not_fit_the_kernel():
     # Checked before cupy is imported: a RawKernel itself would read whatever it was given.
     with pytest.raises(TypeError, match=r"scaffe_im2col_float32 takes 17 arguments \(x, n_img,"):
         launch("scaffe_im2col_float32", 1, 1, 1, 2)
-    with pytest.raises(ValueError, match="x must be a C-contiguous device array"):
+    with pytest.raises(ValueError, match="x must be a C-contiguous cupy array"):
         launch("scaffe_im2col_float32", 1, 1, *range(17))
