@@ -40,6 +40,7 @@ class CudaSource:
 
 
 SOURCES = {}
+ELEMENTWISE = {}  # base name -> the dtypes register_elementwise made a kernel of it for
 
 _C_TYPES = {numpy.dtype(numpy.float32): "float", numpy.dtype(numpy.float64): "double"}
 
@@ -58,7 +59,8 @@ def elementwise_name(base, dtype):
 def register_elementwise(base, params, body, dtypes=tuple(_C_TYPES)):
     """One kernel per dtype, named by `elementwise_name`: `body` runs once per index `i` of [0, total)
     (a grid-stride loop), with T the dtype's C type; launch it with `launch_elementwise`."""
-    for dtype in map(numpy.dtype, dtypes):
+    ELEMENTWISE[base] = tuple(map(numpy.dtype, dtypes))
+    for dtype in ELEMENTWISE[base]:
         c_type = _C_TYPES[dtype]
         code = (f"typedef {c_type} T;\n"
                 f'extern "C" __global__ void {elementwise_name(base, dtype)}({params}, long long total) {{\n'
@@ -229,12 +231,11 @@ def raw_kernel(name):
 
 def launch_elementwise(base, dtype, total, *args):
     """Runs kernel `base` for `dtype` (see `register_elementwise`) over `total` elements with `args`."""
-    name = elementwise_name(base, dtype)
-    if name not in SOURCES:
-        raise TypeError(f"{base}: no GPU kernel for {numpy.dtype(dtype).name}; registered: "
-                        f"{', '.join(n for n in sorted(SOURCES) if n.startswith(base + '_'))}")
+    if numpy.dtype(dtype) not in ELEMENTWISE[base]:
+        raise TypeError(f"{base}: no GPU kernel for {numpy.dtype(dtype).name}; there are kernels for "
+                        f"{', '.join(d.name for d in ELEMENTWISE[base])}")
     if total:
-        launch(name, min(_MAX_BLOCKS, -(-total // _THREADS)), _THREADS, *args, total)
+        launch(elementwise_name(base, dtype), min(_MAX_BLOCKS, -(-total // _THREADS)), _THREADS, *args, total)
 
 
 def launch(name, blocks, threads, *args):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda_sources import SCALAR_TYPES, SOURCES, launch
+from kernels.cuda_sources import ELEMENTWISE, SCALAR_TYPES, SOURCES, elementwise_name, launch, launch_elementwise
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)
@@ -104,7 +104,11 @@ def test_every_cupy_kernel_is_built_from_the_registry():
     assert built_elsewhere == [], f"register these kernels in kernels/cuda_sources.py: {built_elsewhere}"
 
 
-@pytest.mark.parametrize("name", sorted(SOURCES))
+LAUNCHED = sorted([elementwise_name(base, d) for base, dtypes in ELEMENTWISE.items() for d in dtypes]
+                  + ["scaffe_bound_sum4_float32"])  # the kernels `launch` runs
+
+
+@pytest.mark.parametrize("name", LAUNCHED)
 def test_every_parameter_is_a_pointer_or_a_scalar_launch_can_pass(name):
     parameters = SOURCES[name].parameters
     assert parameters and all(t.endswith("*") or t in SCALAR_TYPES for t, _ in parameters), parameters
@@ -116,3 +120,5 @@ def test_launch_refuses_arguments_that_do_not_fit_the_kernel():
         launch("scaffe_im2col_float32", 1, 1, 1, 2)
     with pytest.raises(ValueError, match="x must be a C-contiguous cupy array"):
         launch("scaffe_im2col_float32", 1, 1, *range(17))
+    with pytest.raises(TypeError, match="scaffe_col2im: no GPU kernel for int32; there are kernels for float32, float64"):
+        launch_elementwise("scaffe_col2im", "int32", 4, *range(16))
