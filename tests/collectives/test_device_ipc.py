@@ -30,10 +30,13 @@ def test_staged_setting_copies_through_the_host():
     run_ok(2, "device_ipc.py", "--expect", "staged", *SOME, env={"SCAFFE_DEVICE_PATH": "staged"}, timeout=120)
 
 
-@pytest.mark.parametrize("ranks,gpus,forget", [(2, "shared", "peer"), (4, "distinct", "caller")])
+@pytest.mark.parametrize("ranks,gpus,forget", [
+    (2, "shared", "peer"), (4, "distinct", "caller"), (2, "pairs", "done"),
+])
 def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
-    """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), or the wait that
-    orders a call after the caller's stream ("caller"): the stand-in's delays must make results wrong."""
+    """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), the wait that
+    orders a call after the caller's stream ("caller"), or the host's wait for the kernels before a call
+    returns ("done"): the stand-in's delays must make results wrong."""
     job = launch(ranks, "device_ipc.py", "--gpus", gpus, "--forget", forget, timeout=120)
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "elements differ" in job.stderr, job.report()
