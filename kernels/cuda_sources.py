@@ -180,6 +180,18 @@ _register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* d
         dx[i] = acc;""")
 
 
+# The one-kernel bound of the GPU acceptance (perf/gpu_acceptance.py): the least a 4-rank float32 Reduce
+# on one GPU can cost is one pass that reads four buffers and writes one.
+register(CudaSource("scaffe_bound_sum4_float32", """
+extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float* b, const float* c,
+                                                     const float* d, float* out, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x)
+        out[i] = ((a[i] + b[i]) + c[i]) + d[i];
+}
+"""))
+
+
 # ---------------------------------------------------------------- cupy side (imports cupy when called)
 
 _THREADS = 256
