@@ -196,8 +196,7 @@ def variants():
     """Variants that together compile every line of the source, every op and every dtype at least once
     (each integer op on its own integer type, float16's own arithmetic for each op), with 3 inputs and 2
     outputs, and a copy. All 96 (op, dtype) pairs and a copy of each dtype compiled cleanly for sm_80 and
-    sm_90 (NVRTC 12.9) when this was
-    written; the compile check builds only these, to keep CI short."""
+    sm_90 (NVRTC 12.9) when this was written; the compile check builds only these, to keep CI short."""
     pairs = [("land", "int8"), ("lor", "int16"), ("lxor", "int32"), ("band", "int64"), ("bor", "uint8"),
              ("bxor", "uint16"), ("min", "uint32"), ("max", "uint64"), ("prod", "int32"), ("sum", "int64"),
              ("sum", "float16"), ("prod", "float16"), ("min", "float16"), ("max", "float16"),
