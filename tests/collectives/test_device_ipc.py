@@ -139,3 +139,12 @@ def test_kernel_pointer_arguments_are_one_struct_by_value():
     packed = _pointer_struct([View(0x7F0000001000), View(0x7F0000002000), View(16)])
     assert packed.shape == (1,) and packed.dtype.itemsize == 24
     assert packed.tobytes() == numpy.array([0x7F0000001000, 0x7F0000002000, 16], dtype="<u8").tobytes()
+
+
+def test_local_ranks_that_disagree_are_named():
+    table = numpy.zeros(3, dtype=ipc._RECORD)
+    table["count"] = [10, 10, 10]
+    assert ipc._disagreement(table) is None
+    table["count"][2], table["root"][1] = 12, 1
+    message = ipc._disagreement(table)
+    assert "count (10, 10, 12)" in message and "root (0, 1, 0)" in message and "dtype" not in message
