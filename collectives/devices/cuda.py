@@ -109,10 +109,12 @@ class CudaDevice(Device):
         cuda = self._cupy.cuda
         if stream is None:
             return cuda.Stream.null  # the legacy default stream: ordered after every blocking stream's work
-        if isinstance(stream, cuda.Stream):
+        if hasattr(stream, "ptr") and hasattr(stream, "record"):  # cupy's Stream, ExternalStream, Stream.null
             return stream
         if hasattr(stream, "__cuda_stream__"):
             handle = stream.__cuda_stream__()[1]
+        elif hasattr(stream, "cuda_stream"):  # PyTorch's
+            handle = stream.cuda_stream
         elif hasattr(stream, "handle"):  # numba's: a ctypes pointer, or a cuda-python CUstream
             handle = getattr(stream.handle, "value", None) or int(stream.handle or 0)
         else:
