@@ -19,12 +19,10 @@ from collectives.errors import CollectiveError, MismatchError, install_abort_hoo
 from collectives.events import Name, finished, reported, started, with_label
 from collectives.intranode.ipc import NodeIpc
 from collectives.intranode.shm import SharedWindows
-from collectives.ops import native_reduces, op_name
+from collectives.ops import computes, native_reduces, op_name, supports
 from collectives.progress import Progress
 from collectives.topology import Topology
-from kernels.reduce import supports
 
-_COMPUTED_KINDS = "iufc"  # integer, unsigned, float, complex: what the reduce kernels handle
 _EVENT_NAMES = ("Reduce", "Allreduce", "Bcast", "Ireduce", "Iallreduce", "Ibcast", "Signature check")
 # Numbers each Comm's set-up: every rank sets up its communicators in the same order (set-up is
 # collective), so the number names the same communicator on all of them (collectives.events.Name).
@@ -219,7 +217,7 @@ class Comm(MPI.Intracomm):
         self.several_nodes = self.node_topology.num_nodes > 1  # which column of the selection table
         self.chunk_bytes = settings.chunk_bytes()
         node_comm = self.node_topology.node_comm
-        self.shm = SharedWindows(node_comm, settings.shm_cell_bytes(node_comm.Get_size()))
+        self.shm = SharedWindows(node_comm)
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
         self.device_ipc = NodeIpc(node_comm) if settings.device_path() == "direct" else None
@@ -317,7 +315,7 @@ class Comm(MPI.Intracomm):
                 raise CollectiveError(
                     f"sendbuf holds {s.shape[0]} x {s.dtype} but recvbuf holds "
                     f"{recv.array.shape[0]} x {recv.array.dtype}; they must match")
-            if s.dtype.kind not in _COMPUTED_KINDS or s.dtype.byteorder not in "=|":
+            if not computes(s.dtype):
                 computed = False
             elif not supports(name, s.dtype):
                 raise CollectiveError(f"op {name.upper()} is not defined for dtype {s.dtype}")

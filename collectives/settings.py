@@ -7,10 +7,12 @@ SCAFFE_REDUCE_ALGO      native, tree,       the table in          one algorithm 
                         chain or            collectives.
                         hierarchical        algorithms
 SCAFFE_CHUNK_BYTES      positive int        1 MiB                 the inter-node pipelines' chunk (chunk_bytes)
-SCAFFE_SHM_CHUNK_BYTES  positive int        1 MiB / local ranks,  the size of each shared-memory cell: the chunk of
-                                            at least 64 KiB       the interpreted node loop, only a cap on the
-                                                                  compiled loop's own chunk of 256 KiB / local ranks,
-                                                                  at least 64 KiB (shm_cell_bytes)
+SCAFFE_SHM_CHUNK_BYTES  positive int        256 KiB / local       the part of the vector that one step of a node
+                                            ranks (compiled       loop moves through a shared-memory cell; the
+                                            loop), 1 MiB / local  cells hold the larger chunk (shm_chunk_bytes)
+                                            ranks (interpreted
+                                            loop, broadcast); at
+                                            least 64 KiB
 SCAFFE_RANKS_PER_NODE   positive int        unset: the real       cut each host into simulated nodes of this many
                                             nodes                 ranks (ranks_per_node)
 SCAFFE_CHECK            0 or 1 (not 0       0                     check that the ranks agree on counts, dtypes, ops
@@ -46,11 +48,14 @@ def chunk_bytes():
     return positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
 
 
-def shm_cell_bytes(local_ranks):
-    """SCAFFE_SHM_CHUNK_BYTES: the size of each shared-memory cell on a node of `local_ranks` ranks."""
-    # A group of cells (one per local rank) of about 1 MiB: large enough that per-cell overheads
-    # vanish, small enough that the rings stay in cache (perf/osu_allreduce.py measured the choice).
-    return positive_int("SCAFFE_SHM_CHUNK_BYTES", max(64 << 10, (1 << 20) // local_ranks))
+def shm_chunk_bytes(local_ranks, compiled):
+    """SCAFFE_SHM_CHUNK_BYTES: the chunk a step of the node loop (the `compiled` one or the interpreted one)
+    moves through a shared-memory cell, on a node of `local_ranks` ranks."""
+    # A group of chunks (one per local rank) of about 256 KiB keeps the compiled loop's cells in cache
+    # (perf/RESULTS.md); the interpreted loop's groups of about 1 MiB are large enough that the Python
+    # around each step vanishes, small enough that the rings stay in cache (perf/osu_allreduce.py).
+    group_bytes = 256 << 10 if compiled else 1 << 20
+    return positive_int("SCAFFE_SHM_CHUNK_BYTES", max(64 << 10, group_bytes // local_ranks))
 
 
 def ranks_per_node():

@@ -26,18 +26,6 @@ UFUNCS = {
 BLOCK_BYTES = 1 << 18
 
 
-def supports(op, dtype):
-    """Whether `op` is defined for `dtype` (MPI's rules: no MIN/MAX on complex, bit and logical ops on integers only)."""
-    kind = numpy.dtype(dtype).kind
-    if op in ("sum", "prod"):
-        return kind in "iufc"
-    if op in ("min", "max"):
-        return kind in "iuf"
-    if op in ("land", "lor", "lxor", "band", "bor", "bxor"):
-        return kind in "iu"
-    return False
-
-
 def reduce_into(out, inputs, op, stream=0):
     """out[:] = inputs[0] op inputs[1] op ... (left to right). `out` may be one of the inputs.
 

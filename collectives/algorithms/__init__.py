@@ -18,8 +18,7 @@ _ALGORITHMS = {
 _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 
 # kind -> smallest message in bytes that leaves native MPI, (on one node, across several nodes), for calls
-# that the compiled node loop runs (plain buffers, sum/prod/min/max, numba's dtypes; see
-# collectives/intranode/compiled.py). Below it MPI's latency-tuned paths win: a call through the
+# that the compiled node loop runs (sum/prod/min/max on numba's dtypes: collectives.ops.compiled). Below it MPI's latency-tuned paths win: a call through the
 # shared-memory cells pays tens of microseconds of Python and synchronisation before any data moves.
 # None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise: MPICH's one-copy broadcast runs
 # at memory bandwidth, which a two-copy stream through shared cells cannot beat. The measurements
@@ -29,7 +28,7 @@ SELECTION = {
     "allreduce": (64 << 10, 1 << 20),
     "bcast": (None, None),
 }
-# Calls the interpreted loop runs (alloc buffers, bitwise and logical ops, float16) leave native MPI from
+# Calls the interpreted loop runs (bitwise and logical ops, float16, long double) leave native MPI from
 # here at the earliest (perf/RESULTS.md).
 INTERPRETED_FROM = {"reduce": 128 << 10, "allreduce": 512 << 10}
 

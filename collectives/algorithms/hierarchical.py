@@ -47,18 +47,14 @@ def allreduce(comm, call):
         shm.allreduce(call.send, call.recv, call.op_name)
         return
     if topo.column_comm is not None and native_reduces(call.recv.dtype):
-        if shm.compiled_applies(call.op_name, call.recv.dtype):
-            # In three steps, since MPI cannot be called from the compiled loop: each rank's range of the
-            # node's sum, then one allreduce of that range with its owners on the other nodes, then the node
-            # reads every range; faster than the one pass below (perf/RESULTS.md, "Across nodes").
-            shm.reduce_scatter(call.send, call.recv, call.op_name)
-            lo, hi = shm.owned_range(call.recv.shape[0], call.recv.dtype)
-            topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)
-            shm.allgather(call.recv)
-            return
-        # One pass for what the compiled loop does not run: each chunk's owner allreduces it across nodes
-        # (nonblocking) while the node's cells keep moving.
-        shm.allreduce(call.send, call.recv, call.op_name, across=(topo.column_comm, call.op))
+        # In three steps, since MPI cannot be called from the compiled node loop: each rank's range of the
+        # node's sum, then one allreduce of that range with its owners on the other nodes, then the node
+        # reads every range; faster than a pass that allreduces each chunk as it is reduced
+        # (perf/RESULTS.md, "Across nodes").
+        shm.reduce_scatter(call.send, call.recv, call.op_name)
+        lo, hi = shm.owned_range(call.recv.shape[0], call.recv.dtype)
+        topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)
+        shm.allgather(call.recv)
         return
     shm.reduce(call.send, call.recv, call.op_name, target=0)
     leaders = topo.leaders_comm

@@ -1,4 +1,5 @@
-"""The compiled step loop behind `compiled.run` (see that module); imported only when first needed.
+"""The compiled step loop behind `compiled.run`, numba's twin of `interpreted.run` (protocol.py describes
+the steps); imported only when first needed.
 
 numba caches the machine code on disk (`cache=True`), so a process compiles a dtype's loop at most once per
 installation. Everything here addresses shared memory by integer address, as MPI hands it out.
@@ -10,11 +11,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 # numba's on-disk cache is keyed by this file alone: a constant or function imported from another module
-# would stay frozen in the cached code after that module changed. So the control block's layout (shm.py's)
-# arrives at run time, in `windows`, and everything compiled in is defined here.
-SPINS = 64  # failed checks before the first sched_yield: about a microsecond
-YIELDS = 2000  # then naps, as in wait.py
-NAP_US = 20
+# would stay frozen in the cached code after that module changed. So the control block's slots and the
+# wait policy (protocol.py's, wait.py's) arrive at run time, in `description`, and everything compiled in
+# is defined here.
 
 
 @intrinsic
@@ -84,11 +83,11 @@ def publish(flags, row, me, field, value):
 
 
 @njit(cache=True, nogil=True)
-def wait(idle):
-    """One more failed check (the idle-th in a row): spin, then yield the core, then nap."""
-    if idle > SPINS + YIELDS:
-        usleep(NAP_US)
-    elif idle > SPINS:
+def wait(idle, d):
+    """One more failed check (the idle-th in a row): spin, then yield the core, then nap (wait.py)."""
+    if idle > d.spins + d.yields:
+        usleep(d.nap_us)
+    elif idle > d.spins:
         sched_yield()
 
 
@@ -106,7 +105,8 @@ def copy(out, data):
 
 @njit(inline="always")
 def binop(x, y, op):
-    # Inlined into each loop below, where LLVM hoists the test of `op` out and vectorises what is left.
+    # op: its position in collectives.ops.COMPILED_OPS. Inlined into each loop below, where LLVM hoists
+    # the test of `op` out and vectorises what is left.
     if op == 0:
         return x + y
     if op == 1:
@@ -150,88 +150,74 @@ def reduce_block(out, also, both, sources, like, count, op, acc):
 
 
 BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
-# What a call does (compiled.MODES): reduce and hand out the result in one pass (an Allreduce, or a Reduce
-# to `target`), only reduce each owner's range into its own dst (a reduce-scatter), only hand out each
-# owner's range of its dst (an allgather), or a Reduce whose target owns the whole vector (a gather: the
-# other ranks only copy in, and nothing is copied out).
-REDUCE, REDUCE_SCATTER, ALLGATHER, GATHER = 0, 1, 2, 3
 
 
 @njit(cache=True, nogil=True)
-def range_start(j, n, size, item):
-    """compiled.range_start: defined here, since the cached code of `run` holds its own copy of it."""
-    if j >= size:
-        return n
-    line = max(1, 64 // item)
-    return min(n, (j * n // size) // line * line)
+def run(description, input_rings, result_rings, alloc_bases, starts, source, dst, target, per_cell, base, op,  # noqa: C901
+        hands_out, ready):
+    """`interpreted.run`'s steps for the ops numba computes: copy in, reduce and drain group after group.
 
-
-@njit(cache=True, nogil=True)
-def run(windows, source, n, dst, me, target, per_cell, base, op, mode):
-    """`shm._Reduction.run` for plain buffers: copy in, reduce and drain group after group.
-
-    Local rank j owns a contiguous range of the vector (`range_start`); group g is piece g of every
-    range. windows: int64 [control block address, cell stride, local ranks, fields per rank, ring depth,
-    the field numbers COPIED, REDUCED, DRAINED, SEND_LINE_OFF, RECV_LINE_OFF, input ring addresses...,
-    result ring addresses...] (SharedWindows.step_windows); target: the Reduce's local target, or -1 when
-    every rank reads the result; base: seq << 32. The send buffer is `n` elements at address `source`, of
-    dst's dtype (dst is empty on a Reduce's other ranks).
+    description: a SharedWindows.description; input_rings, result_rings: each local rank's rings of cells;
+    alloc_bases[w, k]: where local rank k's segment of alloc window w lies here; starts: every rank's
+    first element, then n (protocol.starts). The send buffer is n elements at address `source`, of dst's
+    dtype (dst is empty on a Reduce's other ranks); target: the Reduce's local target, or -1 when every
+    rank reads the result; base: seq << 32; op: a code of binop; hands_out, ready: protocol.MODES.
     """
-    flags, stride, size, row, depth = windows[0], windows[1], windows[2], windows[3], windows[4]
-    copied_field, reduced_field, drained_field, send_line, recv_line = (windows[5], windows[6], windows[7],
-                                                                        windows[8], windows[9])
-    inputs, results = windows[10:10 + size], windows[10 + size:10 + 2 * size]
+    d = description[0]
+    flags, row, me, size, stride, depth = d.control, d.slots_per_rank, d.local_rank, d.local_size, d.cell_stride, d.depth
+    n = starts[size]
     src = view(source, dst, n)  # by address: read-only and writable send buffers share one signature
     item = src.itemsize
-    if mode == GATHER:
-        starts = numpy.array([0 if j <= target else n for j in range(size + 1)], dtype=numpy.int64)
-    else:
-        starts = numpy.array([range_start(j, n, size, item) for j in range(size + 1)], dtype=numpy.int64)
     longest = 0
     for j in range(size):
         longest = max(longest, starts[j + 1] - starts[j])
     groups = -(-longest // per_cell)
     peers = numpy.array([k for k in range(size) if k != me], dtype=numpy.int64)
     reader = target < 0 or target == me
-    if mode == REDUCE_SCATTER or mode == GATHER:  # owners write only their own dst
+    if not hands_out:  # owners write only their own dst
         other_readers = peers[:0]
     elif target < 0:
         other_readers = peers
     else:
         other_readers = numpy.array([k for k in range(size) if k == target and k != me], dtype=numpy.int64)
     to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my dst
-    # Peers publish their buffers' line offsets with COPIED = base: cells are shifted to match.
+    # Peers publish their buffers' line offsets and alloc windows with COPIED = base.
     idle = 0
-    while not reached(flags, row, peers, copied_field, base):
+    while not reached(flags, row, peers, d.copied, base):
         idle += 1
-        wait(idle)
+        wait(idle, d)
     send_shift = numpy.empty(size, dtype=numpy.int64)
     result_shift = numpy.empty(size, dtype=numpy.int64)
+    in_place = numpy.full(size, -1, dtype=numpy.int64)  # send buffers read where they are, by address
     for k in range(size):
-        send_shift[k] = load_acquire(field_address(flags, row, k, send_line))
-        result_shift[k] = load_acquire(field_address(flags, row, k if target < 0 else target, recv_line))
+        send_shift[k] = load_acquire(field_address(flags, row, k, d.send_line_off))
+        result_shift[k] = load_acquire(field_address(flags, row, k if target < 0 else target, d.recv_line_off))
+        win = load_acquire(field_address(flags, row, k, d.send_win))
+        if win >= 0 and not ready:
+            in_place[k] = alloc_bases[win, k] + load_acquire(field_address(flags, row, k, d.send_off))
     acc = numpy.empty(BLOCK, src.dtype)
     sources = numpy.empty(size, numpy.int64)
-    copied = groups if mode == ALLGATHER else 0
+    copied = groups if ready or in_place[me] >= 0 else 0
+    if in_place[me] >= 0:
+        publish(flags, row, me, d.copied, base | copied)
     reduced = 0
-    drained = 0 if reader and mode != REDUCE_SCATTER and mode != GATHER else groups
+    drained = 0 if reader and hands_out else groups
     idle = 0
     while copied < groups or reduced < groups or drained < groups:
-        can_copy = copied < groups and (copied < depth or reached(flags, row, peers, reduced_field,
+        can_copy = copied < groups and (copied < depth or reached(flags, row, peers, d.reduced,
                                                                   base | (copied - depth + 1)))
         if can_copy and copied <= reduced:  # peers' reduces wait on my copies: feed them first
             step = 1
-        elif drained < groups and reached(flags, row, peers, reduced_field, base | (drained + 1)):
+        elif drained < groups and reached(flags, row, peers, d.reduced, base | (drained + 1)):
             step = 3
-        elif reduced < groups and (
-                mode == ALLGATHER or reached(flags, row, peers, copied_field, base | (reduced + 1))) and (
-                reduced < depth or reached(flags, row, other_readers, drained_field, base | (reduced - depth + 1))):
+        elif reduced < groups and (ready or reached(flags, row, peers, d.copied, base | (reduced + 1))) and (
+                reduced < depth or reached(flags, row, other_readers, d.drained, base | (reduced - depth + 1))):
             step = 2
         elif can_copy:
             step = 1
         else:
             idle += 1
-            wait(idle)
+            wait(idle, d)
             continue
         idle = 0
         if step == 1:  # my pieces of the group's chunks, into my input cells
@@ -240,24 +226,29 @@ def run(windows, source, n, dst, me, target, per_cell, base, op, mode):
                 lo = starts[j] + copied * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
                 if j != me and lo < hi:
-                    cell = inputs[me] + (slot * size + j) * stride + send_shift[me]
+                    cell = input_rings[me] + (slot * size + j) * stride + send_shift[me]
                     copy(view(cell, src, hi - lo), src[lo:hi])
             copied += 1
-            publish(flags, row, me, copied_field, base | copied)
+            publish(flags, row, me, d.copied, base | copied)
         elif step == 2:  # my piece of the group from every rank's input, into my result cell and dst
             slot = reduced % depth
             lo = starts[me] + reduced * per_cell
             hi = min(starts[me + 1], lo + per_cell)
             if lo < hi:
-                cells = view(results[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
-                if mode == ALLGATHER:  # my range of dst is final already: only hand it out
+                cells = view(result_rings[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
+                if ready:  # my range of dst is final already: only hand it out
                     copy(cells, dst[lo:hi])
                 else:
                     for start in range(lo, hi, BLOCK):
                         stop = min(hi, start + BLOCK)
                         for k in range(size):  # in local-rank order: the result does not depend on timing
-                            sources[k] = (source if k == me else inputs[k] + (slot * size + me) * stride
-                                          + send_shift[k] - lo * item) + start * item
+                            if k == me:
+                                sources[k] = source + start * item
+                            elif in_place[k] >= 0:
+                                sources[k] = in_place[k] + start * item
+                            else:
+                                sources[k] = (input_rings[k] + (slot * size + me) * stride + send_shift[k]
+                                              + (start - lo) * item)
                         if reader:
                             out = dst[start:stop]
                             also = cells[start - lo:stop - lo] if to_cell else out
@@ -266,13 +257,17 @@ def run(windows, source, n, dst, me, target, per_cell, base, op, mode):
                             also = out
                         reduce_block(out, also, reader and to_cell, sources, src, stop - start, op, acc)
             reduced += 1
-            publish(flags, row, me, reduced_field, base | reduced)
+            publish(flags, row, me, d.reduced, base | reduced)
         else:  # the other owners' results of the group, into my dst
             slot = drained % depth
             for j in range(size):
                 lo = starts[j] + drained * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
                 if j != me and lo < hi:
-                    copy(dst[lo:hi], view(results[j] + slot * stride + result_shift[j], src, hi - lo))
+                    copy(dst[lo:hi], view(result_rings[j] + slot * stride + result_shift[j], src, hi - lo))
             drained += 1
-            publish(flags, row, me, drained_field, base | drained)
+            publish(flags, row, me, d.drained, base | drained)
+    if in_place[me] >= 0:  # peers read my send buffer in place: it is mine again once they are done
+        while not reached(flags, row, peers, d.reduced, base | groups):
+            idle += 1
+            wait(idle, d)

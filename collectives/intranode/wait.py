@@ -1,25 +1,27 @@
-"""Waiting on a flag another process sets in shared memory, without spinning a core away from it.
+"""The node loops' one wait policy for a flag another process sets in shared memory: spin a little, then
+give the core away with sched_yield, then nap.
 
 On an oversubscribed node (more ranks than cores) a busy-wait steals the very core the rank we wait for
-needs, so every check after the first gives the core away with sched_yield, which returns at once when no
-other process wants it. A pure spin of even 64 checks (about 100 us of Python) tripled the cost of a
-small 4-rank Allreduce on 2 cores (305 against 205 us at 32 KiB) and did nothing for 2 ranks. Long waits
-fall back to short sleeps.
+needs; sched_yield returns at once when no other process wants the core. Only compiled code spins: a
+check there costs nanoseconds, where an interpreted one costs about a microsecond and a spin of a few
+dozen of them measurably slowed a 4-rank call on 2 cores (perf/RESULTS.md).
+The compiled loop (`_steps.wait`) reads these numbers from SharedWindows.description.
 """
 import os
 import time
 
-_YIELDS = 2000
-_SLEEP_S = 20e-6
+COMPILED_SPINS = 64  # failed checks in compiled code before the first sched_yield: about a microsecond
+YIELDS = 2000  # failed checks that yield the core before the waits turn into naps
+NAP_US = 20
 
 
 def wait_until(ready):
-    """Block until ready() is true."""
+    """Block until ready() is true: interpreted code, so no spinning."""
     if ready():
         return
-    for _ in range(_YIELDS):
+    for _ in range(YIELDS):
         os.sched_yield()
         if ready():
             return
     while not ready():
-        time.sleep(_SLEEP_S)
+        time.sleep(NAP_US * 1e-6)

@@ -3,17 +3,18 @@ plain-buffer calls take it and give numpy's exact results on one node and across
 import numpy
 import pytest
 
-from collectives.intranode import compiled
+from collectives import ops
+from collectives.intranode import protocol
 from mpi_harness import run_ok
 
 
 def test_handles_the_arithmetic_ops_on_numeric_dtypes():
-    assert compiled.handles("sum", numpy.float32) and compiled.handles("prod", numpy.complex128)
-    assert compiled.handles("min", numpy.uint8) and compiled.handles("max", numpy.int64)
-    assert not compiled.handles("max", numpy.complex64)  # MPI defines no order on complex numbers
-    assert not compiled.handles("sum", numpy.float16)  # numba cannot compute float16 on the CPU
-    assert not compiled.handles("band", numpy.int32) and not compiled.handles("land", numpy.int32)
-    assert not compiled.handles("sum", numpy.bool_)
+    assert ops.compiled("sum", numpy.float32) and ops.compiled("prod", numpy.complex128)
+    assert ops.compiled("min", numpy.uint8) and ops.compiled("max", numpy.int64)
+    assert not ops.compiled("max", numpy.complex64)  # MPI defines no order on complex numbers
+    assert not ops.compiled("sum", numpy.float16)  # numba cannot compute float16 on the CPU
+    assert not ops.compiled("band", numpy.int32) and not ops.compiled("land", numpy.int32)
+    assert not ops.compiled("sum", numpy.bool_)
 
 
 @pytest.mark.parametrize("item", [1, 2, 4, 8, 16])
@@ -21,7 +22,7 @@ def test_handles_the_arithmetic_ops_on_numeric_dtypes():
 def test_owner_ranges_cover_the_vector_on_line_boundaries(size, item):
     line = max(1, 64 // item)
     for n in (0, 1, 5, 63, 64, 1000, 4097, 100003):
-        starts = [compiled.range_start(j, n, size, item) for j in range(size + 1)]
+        starts = [protocol.range_start(j, n, size, item) for j in range(size + 1)]
         assert starts[0] == 0 and starts[-1] == n
         assert all(a <= b for a, b in zip(starts, starts[1:]))
         assert all(s % line == 0 for s in starts[:-1])

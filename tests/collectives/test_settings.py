@@ -10,7 +10,10 @@ def test_defaults(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     assert settings.reduce_algo(["native", "tree"]) is None
     assert settings.chunk_bytes() == 1 << 20
-    assert [settings.shm_cell_bytes(n) for n in (1, 2, 16, 64)] == [1 << 20, 512 << 10, 64 << 10, 64 << 10]
+    assert [settings.shm_chunk_bytes(n, compiled=False) for n in (1, 2, 16, 64)] == [1 << 20, 512 << 10, 64 << 10,
+                                                                                     64 << 10]
+    assert [settings.shm_chunk_bytes(n, compiled=True) for n in (1, 2, 4, 8)] == [256 << 10, 128 << 10, 64 << 10,
+                                                                                  64 << 10]
     assert settings.ranks_per_node() is None and settings.check() is False
     assert settings.stall_seconds() == 60 and settings.gpu(2) is None and settings.cuda_aware_override() is None
     assert settings.abort_on_error() is True and settings.device_path() == "direct"
@@ -18,7 +21,8 @@ def test_defaults(monkeypatch):
 
 @pytest.mark.parametrize("name,value,read,expected", [
     ("SCAFFE_REDUCE_ALGO", " Tree ", lambda: settings.reduce_algo(["native", "tree"]), "tree"),
-    ("SCAFFE_SHM_CHUNK_BYTES", "2048", lambda: settings.shm_cell_bytes(4), 2048),
+    ("SCAFFE_SHM_CHUNK_BYTES", "2048", lambda: settings.shm_chunk_bytes(4, compiled=False), 2048),
+    ("SCAFFE_SHM_CHUNK_BYTES", "2048", lambda: settings.shm_chunk_bytes(4, compiled=True), 2048),
     ("SCAFFE_RANKS_PER_NODE", "2", settings.ranks_per_node, 2),
     ("SCAFFE_CHECK", "yes", settings.check, True),
     ("SCAFFE_CHECK", "0", settings.check, False),

@@ -32,6 +32,7 @@ def launch_id(case):
 FULL = [
     (1, None, None, "all"),
     (3, 2, "hierarchical", "all"),  # nodes of [2, 1]: shared memory, then the pipeline between heads
+    (4, 2, "hierarchical", "int32,float16"),  # even nodes: both node loops' reduce-scatter and allgather
     (4, None, None, WITHOUT_FLOAT16),  # one node: small messages native, larger ones hierarchical
     (2, None, "native", WITHOUT_FLOAT16),
     (3, None, "tree", "all"),

@@ -7,7 +7,8 @@ import numpy
 import pytest
 
 from kernels.numba_cuda import cuda
-from kernels.reduce import UFUNCS, reduce_into, supports
+from collectives.ops import supports
+from kernels.reduce import UFUNCS, reduce_into
 
 DTYPES = [numpy.int8, numpy.uint8, numpy.int16, numpy.uint16, numpy.int32, numpy.uint32, numpy.int64,
           numpy.uint64, numpy.float16, numpy.float32, numpy.float64, numpy.complex64, numpy.complex128]

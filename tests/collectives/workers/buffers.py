@@ -11,7 +11,7 @@ import weakref
 import numpy
 from mpi4py import MPI
 
-from worker_util import Worker, contribution, expected_reduction
+from worker_util import OPS, Worker, contribution, expected_reduction
 
 # Above every entry of the selection table for 4-byte elements (Reduce 256 KiB, Allreduce 1 MiB),
 # and not a multiple of any chunk, so the default selection leaves native MPI too.
@@ -196,13 +196,7 @@ def check_alloc(w):
     data = inputs(w, "max", numpy.int32, 5 * 10007 - 3, 200)
     view = block.reshape(-1)[3:3 + data[0].size]
     view[:] = data[rank]
-    out = numpy.empty_like(data[0])
-    comm.Allreduce(view, out, op=MPI.MAX)
-    w.check(out, expected_reduction("max", data), "result")
-    comm.Reduce(view, out if rank == last else None, op=MPI.MIN, root=last)
-    if rank == last:
-        w.check(out, expected_reduction("min", data), "result")
-    w.check(view, data[rank], "send buffer")
+    allreduce_then_reduce(w, view, data, "max", "min")
 
     w.case("alloc: Bcast into and out of shared buffers")
     buf = comm.alloc((n,), numpy.float32)
@@ -225,6 +219,32 @@ def check_alloc(w):
     if rank == last:
         w.check(recvs[1], expected_reduction("sum", data[1]), "second result")
     w.check(recvs[2], expected_reduction("min", data[2]), "third result")
+
+
+def check_alloc_interpreted(w):
+    """BXOR runs on the interpreted node loop, which must read shared send buffers in place as the compiled
+    one does: everyone's, nobody's, even ranks' only."""
+    comm, rank = w.comm, w.rank
+    n = 20011
+    shared_ints = comm.alloc((n,), numpy.int64)
+    for layout, shared in (("all", True), ("none", False), ("even", rank % 2 == 0)):
+        w.case(f"alloc Allreduce and Reduce BXOR int64 layout={layout}")
+        data = inputs(w, "bxor", numpy.int64, n, 400)
+        send = shared_ints if shared else numpy.empty(n, numpy.int64)
+        send[:] = data[rank]
+        allreduce_then_reduce(w, send, data, "bxor", "bxor")
+
+
+def allreduce_then_reduce(w, send, data, allreduce_op, reduce_op):
+    """An Allreduce and then a Reduce to the last rank of `send` (holding data[rank]), checked with numpy."""
+    last = w.size - 1
+    out = numpy.empty_like(data[0])
+    w.comm.Allreduce(send, out, op=OPS[allreduce_op])
+    w.check(out, expected_reduction(allreduce_op, data), "Allreduce")
+    w.comm.Reduce(send, out if w.rank == last else None, op=OPS[reduce_op], root=last)
+    if w.rank == last:
+        w.check(out, expected_reduction(reduce_op, data), "Reduce")
+    w.check(send, data[w.rank], "send buffer")
 
 
 def check_fallbacks(w):
@@ -377,6 +397,7 @@ def main():
     w = Worker()
     check_specs(w)
     check_alloc(w)
+    check_alloc_interpreted(w)
     check_fallbacks(w)
     check_repeats(w)
     w.done("buffers")
