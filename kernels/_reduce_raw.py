@@ -167,7 +167,8 @@ _OP_NUMBERS = {"copy": 0, "sum": 1, "prod": 2, "min": 3, "max": 4, "land": 5, "l
 _C_TYPES = {name: f"scaffe_{name}" for name in (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
     "float16", "float32", "float64", "complex64", "complex128")}
-# The ops each kind of element has (MPI's rules, as kernels.reduce.supports says them).
+# The ops each kind of element has (MPI's rules, as collectives.ops.supports says them; kernels sits below
+# collectives and keeps its own copy).
 _OPS_OF_KIND = {"i": ("sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"),
                 "f": ("sum", "prod", "min", "max"), "c": ("sum", "prod")}
 _OPS_OF_KIND["u"] = _OPS_OF_KIND["i"]
@@ -176,6 +177,12 @@ _OPS_OF_KIND["u"] = _OPS_OF_KIND["i"]
 def dtypes():
     """The element types the kernel handles: those of the host path."""
     return [numpy.dtype(name) for name in _C_TYPES]
+
+
+def defined(op, dtype):
+    """Whether the kernel has `op` for `dtype`."""
+    dtype = numpy.dtype(dtype)
+    return dtype.name in _C_TYPES and op in _OPS_OF_KIND[dtype.kind]
 
 
 def variant(op, dtype, inputs, outputs):

@@ -254,13 +254,12 @@ def numba_kernels():
     from numba.np.numpy_support import from_dtype
 
     from kernels import _reduce_cuda
-    from kernels.reduce import supports
     kernels = []
     # The reduce kernel is built per op; each op is compiled for the dtypes of every kind it accepts,
     # with K = 4 inputs (the 4 ranks of the acceptance runs; K only sets the unrolled count).
     for op in _reduce_cuda.OPS:
         for dtype in (numpy.float32, numpy.float64, numpy.int32, numpy.uint8, numpy.complex64):
-            if not supports(op, dtype):
+            if not _reduce_raw.defined(op, dtype):
                 continue
             array = types.Array(from_dtype(numpy.dtype(dtype)), 1, "C")
             kernels.append(NumbaKernel(f"reduce_{op}_{numpy.dtype(dtype).name}", _reduce_cuda.__name__,

@@ -13,9 +13,8 @@ whose ranks mix them needs SCAFFE_DEVICE_PATH=staged, which runs everything on h
 import numpy
 
 from collectives import devices
-from collectives.ops import op_name
+from collectives.ops import op_name, supports
 from kernels._reduce_raw import dtypes
-from kernels.reduce import supports
 
 _KERNEL_DTYPES = frozenset(dtypes())
 _ACROSS_NODES = False  # until the leaders' device pipeline exists, several nodes stage

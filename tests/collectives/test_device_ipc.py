@@ -8,6 +8,7 @@ import pytest
 from collectives.devices.peers import PeerMemory
 from collectives.intranode import ipc
 from kernels import _reduce_raw
+from collectives.ops import supports
 from kernels.reduce import UFUNCS
 from mpi_harness import launch, run_ok
 from stand_ins import cpu_device
@@ -148,3 +149,8 @@ def test_local_ranks_that_disagree_are_named():
     table["count"][2], table["root"][1] = 12, 1
     message = ipc._disagreement(table)
     assert "count (10, 10, 12)" in message and "root (0, 1, 0)" in message and "dtype" not in message
+
+
+def test_the_kernel_has_exactly_the_ops_mpi_defines():
+    assert all(_reduce_raw.defined(op, dtype) == supports(op, dtype)
+               for dtype in _reduce_raw.dtypes() for op in UFUNCS)
