@@ -269,13 +269,16 @@ class NumbaKernel:
     signature: tuple
 
 
-def numba_kernels():
-    """Every numba.cuda kernel with the signatures it runs with (imports numba.cuda: not under the simulator)."""
+def numba_kernels(supports):
+    """Every numba.cuda kernel with the signatures it runs with (imports numba.cuda: not under the simulator).
+
+    supports(op, dtype) says which dtypes a reduce op is defined for: the collectives' table
+    (collectives.ops.supports), passed in because kernels sits below collectives.
+    """
     from numba import types
     from numba.np.numpy_support import from_dtype
 
     from kernels import _reduce_cuda
-    from kernels.reduce import supports
     kernels = []
     # The reduce kernel is built per op; each op is compiled for the dtypes of every kind it accepts,
     # with K = 4 inputs (the 4 ranks of the acceptance runs; K only sets the unrolled count).
