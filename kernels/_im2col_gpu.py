@@ -9,11 +9,11 @@ from kernels.cuda_sources import launch_elementwise
 
 def im2col(x, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, col):
     n_img, channels, height, width = x.shape
-    launch_elementwise("scaffe_im2col", x.dtype, col.size, (x,),
-                       (n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow), (col,))
+    launch_elementwise("scaffe_im2col", x.dtype, col.size, x,
+                       n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, col)
 
 
 def col2im(col, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, dx):
     n_img, channels, height, width = dx.shape
-    launch_elementwise("scaffe_col2im", col.dtype, dx.size, (col,),
-                       (n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow), (dx,))
+    launch_elementwise("scaffe_col2im", col.dtype, dx.size, col,
+                       n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, dx)

@@ -11,11 +11,16 @@ To add a CUDA C kernel (the collectives' fused K-input reduce among them): `regi
 here, in this module (kernels sits below collectives and scaffe, so both can use it), and build it with
 `raw_kernel(name)`. Sources are self-contained: NVRTC from the wheel has no <cfloat> or standard headers.
 """
+import re
 from dataclasses import dataclass
 
 import numpy
 
-from kernels import _reduce_raw
+from kernels.backend import get_array_module
+
+# The C types a scalar kernel parameter may have, and the numpy type an argument is passed as (cupy passes
+# a RawKernel's arguments by their own type, so a Python int would arrive as 64 bits for a 32-bit int).
+SCALAR_TYPES = {"int": numpy.int32, "long long": numpy.int64, "float": numpy.float32, "double": numpy.float64}
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,14 @@ class CudaSource:
     name: str
     code: str
     options: tuple = ()
+
+    @property
+    def parameters(self):
+        """(C type, name) of each parameter of the kernel, read from its definition in `code`."""
+        found = re.search(rf'extern "C" __global__ void {re.escape(self.name)}\(([^)]*)\)', self.code)
+        if found is None:
+            raise ValueError(f'CUDA source {self.name!r} defines no extern "C" __global__ void {self.name}(...)')
+        return [tuple(p.strip().rsplit(None, 1)) for p in found.group(1).split(",")]
 
 
 SOURCES = {}
@@ -42,9 +55,11 @@ def elementwise_name(base, dtype):
     return f"{base}_{numpy.dtype(dtype).name}"
 
 
-def _register_elementwise(base, params, body):
-    """One kernel per floating dtype: `body` runs once per index `i` of [0, total), T being the dtype."""
-    for dtype, c_type in _C_TYPES.items():
+def register_elementwise(base, params, body, dtypes=tuple(_C_TYPES)):
+    """One kernel per dtype, named by `elementwise_name`: `body` runs once per index `i` of [0, total)
+    (a grid-stride loop), with T the dtype's C type; launch it with `launch_elementwise`."""
+    for dtype in map(numpy.dtype, dtypes):
+        c_type = _C_TYPES[dtype]
         code = (f"typedef {c_type} T;\n"
                 f'extern "C" __global__ void {elementwise_name(base, dtype)}({params}, long long total) {{\n'
                 "    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;\n"
@@ -59,7 +74,7 @@ _CONV = ("int n_img, int channels, int height, int width, int kh, int kw, int ph
          "int dh, int dw, int oh, int ow")
 
 # One thread per column element; reading x is a gather, writing col is fully coalesced.
-_register_elementwise("scaffe_im2col", f"const T* x, {_CONV}, T* col", """
+register_elementwise("scaffe_im2col", f"const T* x, {_CONV}, T* col", """
         const int positions = oh * ow;
         const int p = i % positions;
         const int n = (i / positions) % n_img;
@@ -73,7 +88,7 @@ _register_elementwise("scaffe_im2col", f"const T* x, {_CONV}, T* col", """
             ? x[((long long)(n * channels + c) * height + y) * width + xx] : (T)0;""")
 
 # One thread per image element gathering every column entry that reads it: no atomics, deterministic.
-_register_elementwise("scaffe_col2im", f"const T* col, {_CONV}, T* dx", """
+register_elementwise("scaffe_col2im", f"const T* col, {_CONV}, T* dx", """
         const int xx = i % width;
         const int y = (i / width) % height;
         const int c = (i / ((long long)width * height)) % channels;
@@ -100,7 +115,7 @@ _POOL = "int height, int width, int kh, int kw, int ph, int pw, int sh, int sw, 
 
 # Pooling forward: one thread per output. Backward: one thread per input element that gathers from every
 # window covering it, so there are no atomics and the result does not depend on scheduling.
-_register_elementwise("scaffe_max_pool_forward", f"const T* x, {_POOL}, T* top, int* mask", """
+register_elementwise("scaffe_max_pool_forward", f"const T* x, int channels, {_POOL}, T* top, int* mask", """
         const int px = i % ow;
         const int py = (i / ow) % oh;
         const long long plane = i / ((long long)ow * oh);
@@ -124,7 +139,7 @@ _register_elementwise("scaffe_max_pool_forward", f"const T* x, {_POOL}, T* top, 
         top[i] = best;
         mask[i] = arg;""")
 
-_register_elementwise("scaffe_max_pool_backward", f"const T* dtop, const int* mask, {_POOL}, T* dx", """
+register_elementwise("scaffe_max_pool_backward", f"const T* dtop, const int* mask, {_POOL}, T* dx", """
         const int w = i % width;
         const int h = (i / width) % height;
         const long long plane = i / ((long long)width * height);
@@ -140,7 +155,7 @@ _register_elementwise("scaffe_max_pool_backward", f"const T* dtop, const int* ma
                 if (mask[base + py * ow + px] == self) acc += dtop[base + py * ow + px];
         dx[i] = acc;""")
 
-_register_elementwise("scaffe_ave_pool_forward", f"const T* x, {_POOL}, T* top", """
+register_elementwise("scaffe_ave_pool_forward", f"const T* x, {_POOL}, T* top", """
         const int px = i % ow;
         const int py = (i / ow) % oh;
         const long long plane = i / ((long long)ow * oh);
@@ -160,7 +175,7 @@ _register_elementwise("scaffe_ave_pool_forward", f"const T* x, {_POOL}, T* top",
                 acc += src[h * width + w];
         top[i] = acc / pool_size;""")
 
-_register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* dx", """
+register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* dx", """
         const int w = i % width + pw;
         const int h = (i / width) % height + ph;
         const long long plane = i / ((long long)width * height);
@@ -194,12 +209,6 @@ extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float
 """))
 
 
-# The collectives' fused K-input reduce: one source, a variant per (op, dtype, inputs, outputs); these cover
-# every line of it for every op and dtype, and _reduce_raw.raw_kernel registers the others on first use.
-for _name, _code, _options in _reduce_raw.variants():
-    register(CudaSource(_name, _code, _options))
-
-
 # ---------------------------------------------------------------- cupy side (imports cupy when called)
 
 _THREADS = 256
@@ -218,23 +227,35 @@ def raw_kernel(name):
     return _raw_kernels[name]
 
 
-def launch_elementwise(base, dtype, total, arrays_before, ints, arrays_after):
-    """Runs kernel `base` for `dtype` over `total` elements: (arrays_before, ints as int32, arrays_after, total).
-
-    Every array must be C-contiguous: the kernels index flat memory.
-    """
+def launch_elementwise(base, dtype, total, *args):
+    """Runs kernel `base` for `dtype` (see `register_elementwise`) over `total` elements with `args`."""
     name = elementwise_name(base, dtype)
-    if numpy.dtype(dtype) not in _C_TYPES:
-        raise TypeError(f"{base}: no GPU kernel for {numpy.dtype(dtype).name}; "
-                        f"only {', '.join(d.name for d in _C_TYPES)} are compiled")
-    for a in (*arrays_before, *arrays_after):
-        if not a.flags.c_contiguous:
-            raise ValueError(f"{base}: arrays must be C-contiguous")
-    if total == 0:
-        return
-    blocks = min(_MAX_BLOCKS, -(-total // _THREADS))
-    args = (*arrays_before, *(numpy.int32(v) for v in ints), *arrays_after, numpy.int64(total))
-    raw_kernel(name)((blocks,), (_THREADS,), args)
+    if name not in SOURCES:
+        raise TypeError(f"{base}: no GPU kernel for {numpy.dtype(dtype).name}; registered: "
+                        f"{', '.join(n for n in sorted(SOURCES) if n.startswith(base + '_'))}")
+    if total:
+        launch(name, min(_MAX_BLOCKS, -(-total // _THREADS)), _THREADS, *args, total)
+
+
+def launch(name, blocks, threads, *args):
+    """Launches registered kernel `name` on cupy's current stream, each argument checked against the
+    kernel's parameters: arrays for pointers (C-contiguous, as the kernels index flat memory), scalars
+    converted to the parameter's C type. A wrong count or kind would otherwise corrupt memory silently."""
+    parameters = SOURCES[name].parameters
+    if len(args) != len(parameters):
+        raise TypeError(f"{name} takes {len(parameters)} arguments ({', '.join(p for _, p in parameters)}), "
+                        f"got {len(args)}")
+    bound = []
+    for (c_type, parameter), value in zip(parameters, args):
+        if c_type.endswith("*"):
+            if get_array_module(value) is numpy or not value.flags.c_contiguous:
+                raise ValueError(f"{name}: {parameter} must be a C-contiguous cupy array")
+            bound.append(value)
+        elif c_type in SCALAR_TYPES:
+            bound.append(SCALAR_TYPES[c_type](value))
+        else:
+            raise TypeError(f"{name}: cannot pass a scalar as {c_type} {parameter}")
+    raw_kernel(name)((blocks,), (threads,), tuple(bound))
 
 
 # ---------------------------------------------------------------- numba.cuda kernels
@@ -248,8 +269,12 @@ class NumbaKernel:
     signature: tuple
 
 
-def numba_kernels():
-    """Every numba.cuda kernel with the signatures it runs with (imports numba.cuda: not under the simulator)."""
+def numba_kernels(supports):
+    """Every numba.cuda kernel with the signatures it runs with (imports numba.cuda: not under the simulator).
+
+    supports(op, dtype) says which dtypes a reduce op is defined for: the collectives' table
+    (collectives.ops.supports), passed in because kernels sits below collectives.
+    """
     from numba import types
     from numba.np.numpy_support import from_dtype
 
@@ -259,7 +284,7 @@ def numba_kernels():
     # with K = 4 inputs (the 4 ranks of the acceptance runs; K only sets the unrolled count).
     for op in _reduce_cuda.OPS:
         for dtype in (numpy.float32, numpy.float64, numpy.int32, numpy.uint8, numpy.complex64):
-            if not _reduce_raw.defined(op, dtype):
+            if not supports(op, dtype):
                 continue
             array = types.Array(from_dtype(numpy.dtype(dtype)), 1, "C")
             kernels.append(NumbaKernel(f"reduce_{op}_{numpy.dtype(dtype).name}", _reduce_cuda.__name__,

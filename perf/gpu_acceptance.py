@@ -51,13 +51,12 @@ def bounds():
     """The fused 4-input sum of 64 MiB buffers (us) and device-to-device copy rates (GB/s, read + written)."""
     import cupy
 
-    from kernels.cuda_sources import raw_kernel
+    from kernels.cuda_sources import launch
     count = BOUND_BYTES // 4
     inputs = [cupy.full(count, k + 1, dtype=cupy.float32) for k in range(RANKS)]
     out = cupy.empty(count, dtype=cupy.float32)
-    kernel = raw_kernel("scaffe_bound_sum4_float32")
     blocks = min(1 << 16, -(-count // 256))
-    ms = _device_ms(lambda: kernel((blocks,), (256,), (*inputs, out, numpy.int64(count))))
+    ms = _device_ms(lambda: launch("scaffe_bound_sum4_float32", blocks, 256, *inputs, out, count))
     if not bool((out == sum(range(1, RANKS + 1))).all()):
         raise AssertionError("the fused bound kernel summed wrongly")
     print(f"RESULT fused_sum4_us {BOUND_BYTES} {ms * 1e3:.2f}", flush=True)

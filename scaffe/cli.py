@@ -12,7 +12,6 @@ import importlib
 import os
 import platform
 import sys
-import time
 import typing
 
 import numpy
@@ -288,8 +287,8 @@ def _test(args):
         raise CliError("need model weights to score: --weights=net.caffemodel")
     comm, rank, size = world()
     quiet_non_root(rank)
-    _select_device(args.gpu)
-    net = Net.from_file(args.model, _phase(args, "TEST"), _stages(args), args.level)
+    xp = _select_device(args.gpu)
+    net = Net.from_file(args.model, _phase(args, "TEST"), _stages(args), args.level, xp=xp)
     try:
         sharding = ShardedTesting(comm, [net]) if size > 1 and shardable(net) else None
         if size > 1 and sharding is None:
@@ -301,8 +300,9 @@ def _test(args):
         batches = range(args.iterations) if sharding is None else sharding.batches(0, args.iterations)
         rows = []  # per batch: its loss, then every output value
         for _ in batches:
-            loss = net.forward()
+            loss = float(net.forward())
             rows.append([loss] + [float(v) for b in net.output_blobs for v in numpy.asarray(to_host(b.data)).ravel()])
+        net.check_deferred_errors()
         if sharding is not None:
             rows = sharding.gather(batches, rows)
         if rows is not None:  # None on all but the root: it reports for everyone
@@ -338,13 +338,13 @@ def _time(args):
     from scaffe.net import Net
     if not args.model:
         raise CliError("need a model definition to time: --model=net.prototxt")
-    _select_device(args.gpu)
-    net = Net.from_file(args.model, _phase(args, "TRAIN"), _stages(args), args.level)
+    xp = _select_device(args.gpu)
+    net = Net.from_file(args.model, _phase(args, "TRAIN"), _stages(args), args.level, xp=xp)
     try:
         if args.weights:
             net.copy_trained_layers_from(args.weights)
         log.info("Performing Forward")
-        initial_loss = net.forward()
+        initial_loss = float(net.forward())
         log.info("Initial loss: %s", fmt(initial_loss))
         log.info("Performing Backward")
         net.backward()
@@ -355,21 +355,22 @@ def _time(args):
         log.info("*** Benchmark begins ***")
         log.info("Testing for %d iterations.", iterations)
         layers = net.layers
-        # Integer microseconds and milliseconds, as Caffe's CPU timer reports them.
+        # Integer microseconds and milliseconds, as Caffe's CPU timer reports them; net.clock() waits for
+        # the device first, or a GPU layer's time would be its kernel launches only.
         fwd_us = [0] * len(layers)
         bwd_us = [0] * len(layers)
         forward_us = backward_us = 0
-        total_start = time.perf_counter()
+        total_start = net.clock()
         for j in range(iterations):
-            iter_start = time.perf_counter()
+            iter_start = net.clock()
             for i, layer in enumerate(layers):
-                t0 = time.perf_counter()
+                t0 = net.clock()
                 net.forward_from_to(i, i)
-                fwd_us[i] += int((time.perf_counter() - t0) * 1e6)
-            forward_us += int((time.perf_counter() - iter_start) * 1e6)
-            back_start = time.perf_counter()
+                fwd_us[i] += int((net.clock() - t0) * 1e6)
+            forward_us += int((net.clock() - iter_start) * 1e6)
+            back_start = net.clock()
             for i in range(len(layers) - 1, -1, -1):
-                t0 = time.perf_counter()
+                t0 = net.clock()
                 # Like caffe time: every layer's backward, needed or not.
                 try:
                     layers[i].backward(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
@@ -377,10 +378,10 @@ def _time(args):
                     raise CliError(f"{args.model}: layer '{layers[i].name}' ({layers[i].param.type}) has no "
                                    f"backward ({' '.join(str(e).split())}); exclude it from timing with a "
                                    f"stage rule and --stage") from None
-                bwd_us[i] += int((time.perf_counter() - t0) * 1e6)
-            backward_us += int((time.perf_counter() - back_start) * 1e6)
-            log.info("Iteration: %d forward-backward time: %d ms.", j + 1, int((time.perf_counter() - iter_start) * 1e3))
-        total_ms = int((time.perf_counter() - total_start) * 1e3)
+                bwd_us[i] += int((net.clock() - t0) * 1e6)
+            backward_us += int((net.clock() - back_start) * 1e6)
+            log.info("Iteration: %d forward-backward time: %d ms.", j + 1, int((net.clock() - iter_start) * 1e3))
+        total_ms = int((net.clock() - total_start) * 1e3)
         n = max(iterations, 1)
         log.info("Average time per layer: ")
         for i, layer in enumerate(layers):

@@ -108,8 +108,8 @@ class Net:
     same order as solverstate history); Caffe's vectors (`layers`, `blob_names`, `top_vecs`,
     `learnable_params`, `params_lr`, ...) are read from them.
 
-    Running: `forward()` returns the total loss (sum of loss_weight * top), `backward()` fills
-    every gradient, `forward_backward()` does both.
+    Running: `forward()` returns the total loss (sum of loss_weight * top; a 0-d array on a GPU),
+    `backward()` fills every gradient, `forward_backward()` does both.
 
     Hooks for a distributed trainer (each a list of callables taking the layer index):
     `param_needed_hooks` run before layer i's forward, `grads_ready_hooks` after layer i's
@@ -466,7 +466,9 @@ class Net:
         return [self.param_records[i].learnable_id for i in self.layer_records[layer_id].param_ids]
 
     def forward_from_to(self, start, end):
-        """Runs layers start..end (inclusive) forward; returns the loss they produced."""
+        """Runs layers start..end (inclusive) forward; returns the loss they produced: a float on the CPU,
+        a 0-d float64 device array on a GPU, so that the host need not wait for the device each pass
+        (`float(loss)` fetches it; check_deferred_errors() should come with that fetch)."""
         loss = 0.0
         timed = self.layer_timed_hooks
         for i in range(start, end + 1):
@@ -474,19 +476,29 @@ class Net:
                 hook(i)
             record = self.layer_records[i]
             if timed:
-                began = self._clock()
+                began = self.clock()
             record.layer.reshape(record.bottoms, record.tops)
             record.layer.forward(record.bottoms, record.tops)
             if timed:
-                ended = self._clock()
+                ended = self.clock()
                 for hook in timed:
                     hook(i, "forward", began, ended)
             for top_id, w in record.loss_tops:
-                loss += w * float(record.tops[top_id].data.sum(dtype=numpy.float64))
+                top_loss = record.tops[top_id].data.sum(dtype=numpy.float64)
+                loss = loss + w * (float(top_loss) if self.xp is numpy else top_loss)
         return loss
 
+    def check_deferred_errors(self):
+        """Raises the first error a layer found on the device and kept there (a bad label, say), so that
+        checking it did not cost a host sync per pass; call it where the host reads results anyway."""
+        for record in self.layer_records:
+            check = getattr(record.layer, "deferred_label_check", None)
+            message = None if check is None else check.message()
+            if message:
+                raise ValueError(message)
+
     def forward(self, start=None, end=None):
-        """Forward over the whole net (or layers start..end); returns the total loss."""
+        """Forward over the whole net (or layers start..end); returns the total loss (see forward_from_to)."""
         start = 0 if start is None else start
         end = len(self.layer_records) - 1 if end is None else end
         return self.forward_from_to(start, end)
@@ -505,16 +517,16 @@ class Net:
         for i in range(start, end - 1, -1):
             if self.layer_records[i].need_backward:
                 if timed:
-                    began = self._clock()
+                    began = self.clock()
                 self._backward_layer(self.layer_records[i])
                 if timed:
-                    ended = self._clock()
+                    ended = self.clock()
                     for hook in timed:
                         hook(i, "backward", began, ended)
             for hook in self.grads_ready_hooks:
                 hook(i)
 
-    def _clock(self):
+    def clock(self):
         """perf_counter() once the work queued so far is done: a GPU runs layers asynchronously, so
         without waiting for its stream a layer's time would be its kernel launches only."""
         if self.xp is not numpy:

@@ -3,8 +3,11 @@
 Without a device, numba.cuda kernels run in numba's CUDA simulator, so their tests still check the kernel
 source. numba reads the switch when it is first imported, so it is set here, before any test module
 imports it; child processes (the mpiexec workers) inherit it.
+
+The `cupy_stand_in` fixture puts the numpy-backed cupy of tests/stand_ins/cupy in place for one test.
 """
 import os
+import sys
 
 import pytest
 
@@ -24,3 +27,36 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA device (cupy with a GPU); none here")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+STAND_INS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stand_ins")
+
+
+def _forget_cupy():
+    """Drops every imported cupy module and the modules that imported one at their top (the GPU kernel
+    twins), so the next `import cupy` finds whatever sys.path now says."""
+    for name in [n for n in sys.modules if n == "cupy" or n.startswith("cupy.")]:
+        del sys.modules[name]
+    import kernels
+    import kernels.cuda_sources
+    kernels.cuda_sources._raw_kernels.clear()  # RawKernels of the cupy module being forgotten
+    for name in ("_im2col_gpu", "_pooling_gpu"):
+        sys.modules.pop(f"kernels.{name}", None)
+        kernels.__dict__.pop(name, None)  # `from kernels import _im2col_gpu` reads the attribute first
+
+
+@pytest.fixture
+def cupy_stand_in(monkeypatch):
+    """The numpy-backed cupy of tests/stand_ins as `cupy`, for this test and (through PYTHONPATH) the
+    processes it starts; kernels.backend sees its one device. Everything is put back afterwards."""
+    import kernels.backend
+    monkeypatch.syspath_prepend(STAND_INS)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (STAND_INS, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setattr(kernels.backend, "_cupy", None)
+    monkeypatch.setattr(kernels.backend, "_cupy_checked", False)
+    _forget_cupy()
+    import cupy
+    cupy._stand_in.reset()
+    yield cupy
+    monkeypatch.undo()
+    _forget_cupy()

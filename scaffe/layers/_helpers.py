@@ -1,6 +1,9 @@
 """Small pieces shared by the layer modules: parameter blobs, fillers, geometry fields, loss normalization."""
+import numbers
+
 import numpy
 
+from kernels.backend import get_array_module
 from scaffe.blob import Blob
 from scaffe.fillers import fill
 from scaffe.proto import caffe_pb2
@@ -84,8 +87,9 @@ def spatial_geometry(conv_param, layer, kernel_required=True):
 
 
 def loss_scale(top):
-    """The loss weight the net stored in the loss top's diff (Caffe's convention)."""
-    return float(top.diff.reshape(-1)[0])
+    """The loss weight the net stored in the loss top's diff (Caffe's convention), as a float64 scalar
+    where the diff lives: reading it into a Python float would make the host wait for the device."""
+    return top.diff.reshape(-1)[0].astype(numpy.float64)
 
 
 def normalization_mode(layer, default=caffe_pb2.LossParameter.VALID):
@@ -99,20 +103,49 @@ def normalization_mode(layer, default=caffe_pb2.LossParameter.VALID):
     return default
 
 
-def normalizer(mode, outer, inner, valid_count):
-    """The divisor of a loss (never below 1, as in Caffe). valid_count -1 means "all count"."""
+def normalizer(mode, outer, inner, valid_count=None):
+    """The divisor of a loss (never below 1, as in Caffe). valid_count None means "all count"; a count
+    on the device gives a divisor on the device, so the host never waits for it."""
     modes = caffe_pb2.LossParameter
     if mode == modes.FULL:
         value = outer * inner
     elif mode == modes.VALID:
-        value = outer * inner if valid_count == -1 else valid_count
+        value = outer * inner if valid_count is None else valid_count
     elif mode == modes.BATCH_SIZE:
         value = outer
     elif mode == modes.NONE:
         value = 1
     else:
         raise ValueError(f"unknown loss normalization mode {mode}")
-    return max(1.0, float(value))
+    if isinstance(value, numbers.Number):
+        return max(1.0, float(value))
+    return get_array_module(value).maximum(value.astype(numpy.float64), 1.0)
+
+
+class DeferredLabelCheck:
+    """Out-of-range labels met on the device, remembered there until the host asks: checking every batch
+    at once would make the host wait for the GPU each iteration. `message()` (a host sync) names the
+    first bad label seen; the net asks when the host reads results (Net.check_deferred_errors)."""
+
+    def __init__(self, layer, channels):
+        self.where, self.channels = f"layer {layer.name!r}", channels
+        self.seen = self.first = None
+
+    def record(self, labels, bad):
+        xp = get_array_module(labels)
+        flat_bad = bad.reshape(-1)
+        any_bad = flat_bad.any()
+        label = labels.reshape(-1)[flat_bad.argmax()]
+        if self.seen is None:
+            self.seen, self.first = any_bad, label
+        else:
+            self.first = xp.where(self.seen, self.first, label)
+            self.seen = self.seen | any_bad
+
+    def message(self):
+        if self.seen is None or not bool(self.seen):
+            return None
+        return f"{self.where}: label {int(self.first)} is outside 0..{self.channels - 1}"
 
 
 class LossLayer:

@@ -47,8 +47,8 @@ class AccuracyLayer(Layer):
         # The true class always scores >= itself; subtract it.
         better = (scores >= true_score).sum(axis=1) - 1
         correct = (better < self.top_k) & valid
-        total = int(valid.sum())
-        top[0].data[...] = 0.0 if total == 0 else float(correct.sum()) / total
+        # 0 when no label counts; computed where the data is, so the host does not wait for it
+        top[0].data[...] = correct.sum() / xp.maximum(valid.sum(), 1)
         if len(top) > 1:
             seen = numpy.bincount(numpy.asarray(safe[valid].get() if xp is not numpy else safe[valid]),
                                   minlength=channels)

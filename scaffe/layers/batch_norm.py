@@ -6,6 +6,8 @@ blob = moving_average_fraction * blob + batch statistic (blob2 accumulates the w
 divides blobs 0 and 1 by blob 2. The blobs are not learned: setup appends `param { lr_mult: 0 }`
 specs to this layer's LayerParameter, as Caffe does, and backward never writes their gradients.
 """
+import numpy
+
 from kernels.backend import get_array_module
 from scaffe.layers import register
 from scaffe.layers._helpers import new_blob
@@ -53,8 +55,9 @@ class BatchNormLayer(Layer):
         xp = get_array_module(x)
         t = x.dtype.type
         if self.use_global_stats:
-            weight = float(self.blobs[2].data.reshape(-1)[0])
-            factor = t(0.0 if weight == 0 else 1.0 / weight)
+            # Caffe's 1 / weight (0 for weight 0), computed where the blob lives: no host sync
+            weight = self.blobs[2].data.reshape(-1)[0].astype(numpy.float64)
+            factor = ((weight != 0) / xp.where(weight == 0, 1.0, weight)).astype(x.dtype)
             mean = self.blobs[0].data * factor
             var = self.blobs[1].data * factor
         else:

@@ -38,7 +38,7 @@ class ContrastiveLossLayer(LossLayer, Layer):
         else:
             dissimilar = xp.maximum(self.margin - xp.sqrt(self.dist_sq), 0) ** 2
         loss = xp.where(self.similar, self.dist_sq, dissimilar).sum(dtype=numpy.float64)
-        top[0].data[...] = float(loss) / num / 2.0
+        top[0].data[...] = loss / num / 2.0
 
     def backward(self, top, propagate_down, bottom):
         xp = get_array_module(self.diff)
@@ -47,7 +47,7 @@ class ContrastiveLossLayer(LossLayer, Layer):
         for i, sign in ((0, 1.0), (1, -1.0)):
             if not propagate_down[i]:
                 continue
-            alpha = t(sign * loss_scale(top[0]) / num)
+            alpha = (sign * loss_scale(top[0]) / num).astype(t)
             if self.legacy:
                 pushed = self.margin - self.dist_sq > 0
                 dissimilar = -alpha * self.diff * pushed[:, None]

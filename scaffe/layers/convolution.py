@@ -3,12 +3,14 @@
 Caffe runs im2col and a GEMM per image. Here the column buffer holds a chunk of images side by side,
 (C*kh*kw, images, positions), so forward, the weight gradient and the data gradient are each one
 large GEMM per chunk, which is what a 2-core BLAS (or a GPU) needs to run near peak. Chunks are sized
-so the column buffer stays around COL_BUDGET_BYTES (cache-sized, and bounded memory for big nets);
+so the column buffer stays around COL_BUDGET_BYTES (cache-sized, and bounded memory for big nets) on
+the CPU and GPU_COL_BUDGET_BYTES on a GPU;
 when the whole batch fits in one chunk the columns from forward are reused by backward instead of
 being recomputed. Buffers grow once and are reused across iterations.
 
 `ConvEngine` is shared with Deconvolution, whose forward is this layer's data-gradient pass.
 """
+import numpy
 
 from kernels.backend import get_array_module
 from kernels.im2col import col2im, conv_output_size, im2col
@@ -21,6 +23,11 @@ from scaffe.layers.layer import Layer
 # bounds memory for big nets (AlexNet's conv1 would need 1.1 GB of columns at batch 256) and still
 # holds LeNet's conv2 at batch 64 in one chunk, so its backward reuses the forward's columns.
 COL_BUDGET_BYTES = 8 << 20
+# On a GPU a chunk costs an im2col launch and a GEMM per group, and a GEMM needs far more columns than
+# a CPU cache holds to fill the device: 8 MiB chunks made about 7,400 launches of an AlexNet iteration at
+# batch 256. 512 MiB takes AlexNet's conv1 (1.1 GB of columns at batch 256) in 3 chunks and leaves
+# the rest of a 16 GB or larger device to the net.
+GPU_COL_BUDGET_BYTES = 512 << 20
 
 
 class ConvEngine:
@@ -49,9 +56,10 @@ class ConvEngine:
             self._buffers[name] = buf
         return buf[:size]
 
-    def _chunk(self, n_img, rows, positions, itemsize):
-        per_image = max(rows * positions * itemsize, 1)
-        return max(1, min(n_img, COL_BUDGET_BYTES // per_image))
+    def _chunk(self, n_img, rows, positions, like):
+        per_image = max(rows * positions * like.dtype.itemsize, 1)
+        budget = COL_BUDGET_BYTES if get_array_module(like) is numpy else GPU_COL_BUDGET_BYTES
+        return max(1, min(n_img, budget // per_image))
 
     def _gemm(self, a, b, out, trans_a=False, trans_b=False):
         """out[g] = op(a[g]) @ op(b[g]) for each group g; a, b, out are (group, r, c) views."""
@@ -71,7 +79,7 @@ class ConvEngine:
         rows = weight[0].size * self.group
         g = self.group
         w3 = weight.reshape(g, m_out // g, rows // g)
-        chunk = self._chunk(n_img, rows, positions, x.dtype.itemsize)
+        chunk = self._chunk(n_img, rows, positions, x)
         self.columns_cached = chunk >= n_img
         y3 = y.reshape(n_img, m_out, positions)
         bias3 = None if bias is None else bias.reshape(1, m_out, 1)
@@ -100,7 +108,7 @@ class ConvEngine:
         if weight_diff is None and dx is None:
             return
         w3 = weight.reshape(g, m_out // g, rows // g)
-        chunk = self._chunk(n_img, rows, positions, x.dtype.itemsize)
+        chunk = self._chunk(n_img, rows, positions, x)
         reuse = self.columns_cached and chunk >= n_img
         for n0 in range(0, n_img, chunk):
             nb = min(chunk, n_img - n0)

@@ -9,6 +9,7 @@ import weakref
 import numpy
 from google.protobuf.message import DecodeError
 
+from scaffe.data.device_upload import DeviceUploader
 from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
 from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
 from scaffe.data.prefetch import PrefetchError, Prefetcher
@@ -77,8 +78,10 @@ class DataLayer(Layer):
         self._prefetcher = None
         self._cursor = None
 
-    def _start(self):
+    def _start(self, xp):
         self.transformer.rng = layer_rng(self)
+        # On a GPU the prefetch thread also uploads each batch (pinned, double-buffered).
+        uploader = self._uploader = None if xp is numpy else DeviceUploader(xp, self.prefetch_depth)
         self._cursor = ShardedCursor(self.database, layer_shard(self))
         # The thread holds the layer only weakly, so a net that is dropped gets collected and
         # its __del__ stops the thread, instead of the thread keeping the net alive forever.
@@ -88,7 +91,8 @@ class DataLayer(Layer):
             layer = layer_ref()
             if layer is None:
                 raise RuntimeError("the Data layer was deleted")
-            return layer._load_batch()
+            batch = layer._load_batch()
+            return batch if uploader is None else uploader.upload(batch)
 
         self._prefetcher = Prefetcher(produce, depth=self.prefetch_depth, name=f"scaffe-data-{self.name}")
 
@@ -123,20 +127,25 @@ class DataLayer(Layer):
 
     def forward(self, bottom, top):
         if self._prefetcher is None:
-            self._start()
+            self._start(top[0].xp)
         try:
-            data, labels = self._prefetcher.next()
+            batch = self._prefetcher.next()
         except PrefetchError as e:
             raise RuntimeError(f"layer {self.name!r} (Data) reading {self.source!r}: {e.__cause__ or e}") from e
-        copy_to_blob(top[0], data)
+        if self._uploader is not None:
+            self._uploader.deliver(batch, top[:2] if self.output_labels else top[:1])
+            return
+        copy_to_blob(top[0], batch[0])
         if self.output_labels:
-            copy_to_blob(top[1], labels)
+            copy_to_blob(top[1], batch[1])
 
     def backward(self, top, propagate_down, bottom):
         pass
 
     def close(self):
         """Stops the reader thread and closes the database (the layer cannot be used after)."""
+        if getattr(self, "_uploader", None) is not None:
+            self._uploader.close()
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
@@ -149,6 +158,8 @@ class DataLayer(Layer):
 
     def __del__(self):
         try:
+            if getattr(self, "_uploader", None) is not None:
+                self._uploader.close()
             if getattr(self, "_prefetcher", None) is not None:
                 self._prefetcher.close()
         except Exception:  # interpreter shutdown: the daemon thread dies with the process

@@ -1,5 +1,7 @@
 """Dropout layer (Caffe's "Dropout"): in TRAIN keeps each value with probability 1 - ratio and scales
 it by 1 / (1 - ratio), so TEST is the identity."""
+import numpy
+
 from kernels.backend import get_array_module
 from scaffe.layers import register
 from scaffe.layers._helpers import layer_rng
@@ -24,10 +26,23 @@ class DropoutLayer(NeuronLayer):
                 y[...] = x
             return
         xp = get_array_module(x)
-        keep = layer_rng(self).uniform(0.0, 1.0, size=x.shape) >= self.ratio
+        if xp is numpy:
+            keep = layer_rng(self).uniform(0.0, 1.0, size=x.shape) >= self.ratio
+        else:
+            keep = self._device_rng(xp).random(x.shape, dtype=x.dtype) >= x.dtype.type(self.ratio)
         # The mask already carries the 1/(1-ratio) factor, so backward is one multiply.
-        self.mask = xp.asarray(keep * self.scale, dtype=x.dtype)
+        self.mask = keep.astype(x.dtype)
+        self.mask *= x.dtype.type(self.scale)
         xp.multiply(x, self.mask, out=y)
+
+    def _device_rng(self, xp):
+        """A generator on the device, so masks are drawn where they are used instead of being drawn on
+        the host and copied up; seeded once from the layer's random source, so seeding still decides it."""
+        if getattr(self, "device_rng", None) is None:
+            source = layer_rng(self)
+            draw = source.randint if hasattr(source, "randint") else source.integers
+            self.device_rng = xp.random.default_rng(int(draw(0, 2**31 - 1)))
+        return self.device_rng
 
     def gradient(self, x, y, dy, dx):
         if self.phase != caffe_pb2.TRAIN:

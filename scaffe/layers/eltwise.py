@@ -58,7 +58,7 @@ class EltwiseLayer(Layer):
             acc = xp.where(first > second, first, second)
             for i, b in enumerate(bottom[2:], start=2):
                 better = b.data > acc
-                mask[better] = i
+                mask = xp.where(better, numpy.int32(i), mask)  # not mask[better] = i: a host sync on cupy
                 acc = xp.where(better, b.data, acc)
             self.mask = mask
             y[...] = acc

@@ -24,10 +24,10 @@ class EuclideanLossLayer(LossLayer, Layer):
     def forward(self, bottom, top):
         self.diff = bottom[0].data - bottom[1].data.reshape(bottom[0].shape)
         num = bottom[0].shape[0]
-        top[0].data[...] = float((self.diff * self.diff).sum(dtype=numpy.float64)) / num / 2.0
+        top[0].data[...] = (self.diff * self.diff).sum(dtype=numpy.float64) / num / 2.0
 
     def backward(self, top, propagate_down, bottom):
         alpha = loss_scale(top[0]) / bottom[0].shape[0]
         for i, sign in ((0, 1.0), (1, -1.0)):
             if propagate_down[i]:
-                bottom[i].diff[...] = (self.diff * self.diff.dtype.type(sign * alpha)).reshape(bottom[i].shape)
+                bottom[i].diff[...] = (self.diff * (sign * alpha).astype(self.diff.dtype)).reshape(bottom[i].shape)

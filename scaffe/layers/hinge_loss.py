@@ -34,7 +34,7 @@ class HingeLossLayer(LossLayer, Layer):
             loss = (self.margin * self.margin).sum(dtype=numpy.float64)
         else:
             loss = self.margin.sum(dtype=numpy.float64)
-        top[0].data[...] = float(loss) / num
+        top[0].data[...] = loss / num
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
@@ -45,7 +45,7 @@ class HingeLossLayer(LossLayer, Layer):
         num = bottom[0].shape[0]
         scale = loss_scale(top[0]) / num
         if self.norm == caffe_pb2.HingeLossParameter.L2:
-            grad = self.sign * self.margin * self.margin.dtype.type(2 * scale)
+            grad = self.sign * self.margin * (2 * scale).astype(self.margin.dtype)
         else:
-            grad = self.sign * xp.sign(self.margin) * self.margin.dtype.type(scale)
+            grad = self.sign * xp.sign(self.margin) * scale.astype(self.margin.dtype)
         bottom[0].diff.reshape(num, -1)[...] = grad

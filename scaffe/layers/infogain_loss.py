@@ -63,8 +63,8 @@ class InfogainLossLayer(LossLayer, Layer):
         self.rows = xp.moveaxis(rows, 2, 1)                              # (outer, channels, inner)
         logs = xp.log(xp.maximum(self.prob, self.prob.dtype.type(LOG_THRESHOLD)))
         per_position = (self.rows * logs).sum(axis=1) * self.valid
-        self.norm = normalizer(self.normalization, outer, inner, int(self.valid.sum()))
-        top[0].data[...] = -float(per_position.sum(dtype=numpy.float64)) / self.norm
+        self.norm = normalizer(self.normalization, outer, inner, self.valid.sum())
+        top[0].data[...] = -per_position.sum(dtype=numpy.float64) / self.norm
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(top[1].shape)
 
@@ -79,4 +79,4 @@ class InfogainLossLayer(LossLayer, Layer):
         # d/dx_k of -sum_j H[l, j] log softmax_j = p_k * sum_j H[l, j] - H[l, k].
         dx[...] = self.prob * self.rows.sum(axis=1, keepdims=True) - self.rows
         dx *= self.valid[:, None, :]
-        dx *= dx.dtype.type(loss_scale(top[0]) / self.norm)
+        dx *= (loss_scale(top[0]) / self.norm).astype(dx.dtype)

@@ -30,7 +30,7 @@ class MultinomialLogisticLossLayer(LossLayer, Layer):
         self.labels, _ = gather_labels(self, bottom[1], num, prob.shape[1], 1, None)
         picked = xp.take_along_axis(prob, self.labels, axis=1)
         self.picked = xp.maximum(picked, picked.dtype.type(LOG_THRESHOLD))
-        top[0].data[...] = -float(xp.log(self.picked).sum(dtype=numpy.float64)) / num
+        top[0].data[...] = -xp.log(self.picked).sum(dtype=numpy.float64) / num
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
@@ -41,5 +41,5 @@ class MultinomialLogisticLossLayer(LossLayer, Layer):
         num = bottom[0].shape[0]
         dx = bottom[0].diff.reshape(num, -1)
         dx[...] = 0
-        scale = dx.dtype.type(-loss_scale(top[0]) / num)
+        scale = (-loss_scale(top[0]) / num).astype(dx.dtype)
         xp.put_along_axis(dx, self.labels, scale / self.picked, axis=1)

@@ -38,14 +38,14 @@ class SigmoidCrossEntropyLossLayer(LossLayer, Layer):
         losses = x * (target - positive) - xp.log1p(xp.exp(x - 2 * x * positive))
         if self.ignore_label is None:
             self.valid = None
-            valid_count = -1
+            valid_count = None
         else:
             self.valid = target != self.ignore_label
             losses = losses * self.valid
-            valid_count = int(self.valid.sum())
+            valid_count = self.valid.sum()
         outer = x.shape[0]
         self.norm = normalizer(self.normalization, outer, count(x.shape, 1), valid_count)
-        top[0].data[...] = -float(losses.sum(dtype=numpy.float64)) / self.norm
+        top[0].data[...] = -losses.sum(dtype=numpy.float64) / self.norm
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[1]:
@@ -58,4 +58,4 @@ class SigmoidCrossEntropyLossLayer(LossLayer, Layer):
         dx -= bottom[1].data.reshape(x.shape)
         if self.valid is not None:
             dx *= self.valid
-        dx *= dx.dtype.type(loss_scale(top[0]) / self.norm)
+        dx *= (loss_scale(top[0]) / self.norm).astype(dx.dtype)

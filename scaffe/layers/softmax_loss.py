@@ -8,7 +8,8 @@ import numpy
 
 from kernels.backend import get_array_module
 from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, canonical_axis, count, loss_scale, normalization_mode, normalizer
+from scaffe.layers._helpers import (DeferredLabelCheck, LossLayer, canonical_axis, count, loss_scale,
+                                    normalization_mode, normalizer)
 from scaffe.layers.layer import Layer
 from scaffe.layers.softmax import softmax
 
@@ -17,13 +18,20 @@ FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
 
 
 def gather_labels(layer, label_blob, outer, channels, inner, ignore_label):
-    """Integer labels as (outer, inner), with a mask of the positions that count; bad labels are errors."""
+    """Integer labels as (outer, inner), with a mask of the positions that count; bad labels are errors,
+    raised at once for host labels and at the net's next check_deferred_errors() for device labels."""
     xp = get_array_module(label_blob.data)
     labels = label_blob.data.reshape(outer, inner).astype(numpy.int64)
     valid = xp.ones(labels.shape, dtype=bool) if ignore_label is None else labels != ignore_label
     bad = valid & ((labels < 0) | (labels >= channels))
-    if bool(bad.any()):
-        raise ValueError(f"layer {layer.name!r}: label {int(labels[bad].reshape(-1)[0])} is outside 0..{channels - 1}")
+    if xp is numpy:
+        if bad.any():
+            raise ValueError(f"layer {layer.name!r}: label {int(labels[bad][0])} is outside 0..{channels - 1}")
+    else:
+        check = getattr(layer, "deferred_label_check", None)
+        if check is None or check.channels != channels:
+            check = layer.deferred_label_check = DeferredLabelCheck(layer, channels)
+        check.record(labels, bad)
     return labels, valid
 
 
@@ -57,9 +65,8 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
         self.labels, self.valid = gather_labels(self, bottom[1], outer, channels, inner, self.ignore_label)
         picked = xp.take_along_axis(self.prob, xp.where(self.valid, self.labels, 0)[:, None, :], axis=1)[:, 0, :]
         logs = xp.log(xp.maximum(picked, picked.dtype.type(FLT_MIN)))
-        valid_count = int(self.valid.sum())
-        self.norm = normalizer(self.normalization, outer, inner, valid_count)
-        top[0].data[...] = -float((logs * self.valid).sum(dtype=numpy.float64)) / self.norm
+        self.norm = normalizer(self.normalization, outer, inner, self.valid.sum())
+        top[0].data[...] = -(logs * self.valid).sum(dtype=numpy.float64) / self.norm
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(top[1].shape)
 
@@ -75,4 +82,4 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
         picked = xp.take_along_axis(dx, labels, axis=1)
         xp.put_along_axis(dx, labels, picked - 1, axis=1)
         dx *= self.valid[:, None, :]
-        dx *= dx.dtype.type(loss_scale(top[0]) / self.norm)
+        dx *= (loss_scale(top[0]) / self.norm).astype(dx.dtype)

@@ -248,7 +248,7 @@ class Solver:
             for cb in self.callbacks:
                 cb.on_start()
             iter_start = time.perf_counter()
-            loss = self._forward_backward_passes()
+            loss = self._forward_backward_passes(fetch=self._display_due() or self.iter + 1 == stop_iter)
             self._update_smoothed_loss(loss, start_iter)
             if self.root_solver and self._display_due():
                 self._display()
@@ -267,13 +267,19 @@ class Solver:
     def _display_due(self):
         return bool(self.param.display) and self.iter % self.param.display == 0
 
-    def _forward_backward_passes(self):
-        """iter_size forward/backward passes, their gradients summed; returns their mean loss."""
+    def _forward_backward_passes(self, fetch=True):
+        """iter_size forward/backward passes, their gradients summed; returns their mean loss.
+
+        A loss on the GPU stays there (fetching it is a host sync) and is checked only when `fetch`
+        (display iterations and the last one): a NaN loss means NaN weights, so it is still NaN then."""
         loss = 0.0
         for _ in range(self.param.iter_size):
             loss += self.forward_backward()
         loss /= self.param.iter_size
-        if not math.isfinite(loss):
+        if not (fetch or isinstance(loss, float)):
+            return loss
+        self.net.check_deferred_errors()
+        if not math.isfinite(float(loss)):
             raise SolverError(f"{self._where()}iteration {self.iter}: the loss is {loss} "
                               f"(diverged); lower base_lr or check the data and the net")
         return loss
@@ -384,7 +390,7 @@ class Solver:
                     self.requested_early_exit = True
                     log.info("Test interrupted.")
                     return None
-            iter_loss = net.forward()
+            iter_loss = float(net.forward())
             rows.append(numpy.concatenate([[iter_loss]] + [numpy.asarray(to_host(b.data), dtype=numpy.float64).ravel()
                                                            for b in net.output_blobs]))
         return rows

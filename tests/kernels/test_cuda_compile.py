@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cuda_sources import SOURCES
+from kernels.cuda_sources import SCALAR_TYPES, SOURCES, launch
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHS = (80, 90)
@@ -102,3 +102,17 @@ def test_every_cupy_kernel_is_built_from_the_registry():
     built_elsewhere = _modules_matching(r"\b(RawKernel|RawModule|ElementwiseKernel|ReductionKernel)\(|cupy\.fuse\b",
                                         exclude=("kernels.cuda_sources",))
     assert built_elsewhere == [], f"register these kernels in kernels/cuda_sources.py: {built_elsewhere}"
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_every_parameter_is_a_pointer_or_a_scalar_launch_can_pass(name):
+    parameters = SOURCES[name].parameters
+    assert parameters and all(t.endswith("*") or t in SCALAR_TYPES for t, _ in parameters), parameters
+
+
+def test_launch_refuses_arguments_that_do_not_fit_the_kernel():
+    # Checked before cupy is imported: a RawKernel itself would read whatever it was given.
+    with pytest.raises(TypeError, match=r"scaffe_im2col_float32 takes 17 arguments \(x, n_img,"):
+        launch("scaffe_im2col_float32", 1, 1, 1, 2)
+    with pytest.raises(ValueError, match="x must be a C-contiguous cupy array"):
+        launch("scaffe_im2col_float32", 1, 1, *range(17))

@@ -12,6 +12,7 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
 
 from cuda.pathfinder import find_nvidia_binary_utility  # noqa: E402
 
+from collectives.ops import supports  # noqa: E402
 from kernels.cuda_sources import numba_kernels  # noqa: E402
 from kernels.numba_cuda import cuda  # noqa: E402
 
@@ -21,7 +22,7 @@ def main(ccs):
     if ptxas is None:
         sys.exit("compile_numba_kernels: no ptxas (pip install nvidia-cuda-nvcc-cu12)")
     with tempfile.TemporaryDirectory() as tmp:
-        for entry in numba_kernels():
+        for entry in numba_kernels(supports):
             for cc in ccs:
                 ptx, _ = cuda.compile_ptx(entry.py_func, entry.signature, cc=(cc // 10, cc % 10))
                 path = os.path.join(tmp, f"{entry.name}_{cc}.ptx")

@@ -1,0 +1,166 @@
+"""numpy twins of scaffe's GPU kernels, keyed by kernel name, for the stand-in's ElementwiseKernel and RawKernel.
+
+Each twin is a line-by-line translation of its kernel's CUDA body, vectorised over the thread index `i`:
+same index arithmetic, same summation order, arithmetic kept in the kernel's type T (a C `T / int` is a
+T division). Raw arrays are read flat in C order, as cupy's raw indexing reads them; outputs are written
+at their C-order flat index `i` (the kernel runs in blocks of `i`). The CUDA sources themselves are checked by the NVRTC compile tests, not here.
+"""
+import numpy
+
+TWINS = {}
+
+
+def twin(name):
+    def register(function):
+        TWINS[name] = function
+        return function
+    return register
+
+
+def _store(out, i, values):
+    out.flat[i] = values
+
+
+def _gather(raw, index, valid):
+    return numpy.where(valid, raw.reshape(-1)[numpy.where(valid, index, 0)], raw.dtype.type(0))
+
+
+@twin("scaffe_im2col")
+def _im2col(i, x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, col):
+    positions = oh * ow
+    p = i % positions
+    n = (i // positions) % n_img
+    row = i // (positions * n_img)
+    kj = row % kw
+    ki = (row // kw) % kh
+    c = row // (kw * kh)
+    y = (p // ow) * sh - ph + ki * dh
+    xx = (p % ow) * sw - pw + kj * dw
+    inside = (y >= 0) & (y < height) & (xx >= 0) & (xx < width)
+    _store(col, i, _gather(x, ((n * channels + c) * height + y) * width + xx, inside))
+
+
+@twin("scaffe_col2im")
+def _col2im(i, col, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, dx):
+    xx = i % width
+    y = (i // width) % height
+    c = (i // (width * height)) % channels
+    n = i // (width * height * channels)
+    positions = oh * ow
+    acc = numpy.zeros(i.shape, dtype=col.dtype)
+    for ki in range(kh):
+        ys = y + ph - ki * dh
+        oy = ys // sh
+        row_ok = (ys >= 0) & (ys % sh == 0) & (oy < oh)
+        for kj in range(kw):
+            xs = xx + pw - kj * dw
+            ox = xs // sw
+            ok = row_ok & (xs >= 0) & (xs % sw == 0) & (ox < ow)
+            row = (c * kh + ki) * kw + kj
+            acc += _gather(col, (row * n_img + n) * positions + oy * ow + ox, ok)
+    _store(dx, i, acc)
+
+
+@twin("scaffe_max_pool_forward")
+def _max_pool_forward(i, x, channels, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask):
+    px = i % ow
+    py = (i // ow) % oh
+    plane = i // (ow * oh)
+    hs = py * sh - ph
+    ws = px * sw - pw
+    he = numpy.minimum(hs + kh, height)
+    we = numpy.minimum(ws + kw, width)
+    hs = numpy.maximum(hs, 0)
+    ws = numpy.maximum(ws, 0)
+    best = numpy.full(i.shape, -3.402823466e+38, dtype=x.dtype)
+    arg = numpy.full(i.shape, -1, dtype=numpy.int32)
+    base = plane * height * width
+    # The window is at most kh x kw after clipping; walk it in the kernel's row-major order.
+    for a in range(kh):
+        h = hs + a
+        for b in range(kw):
+            w = ws + b
+            inside = (h < he) & (w < we)
+            value = _gather(x, base + h * width + w, inside)
+            better = inside & (value > best)
+            best = numpy.where(better, value, best)
+            arg = numpy.where(better, h * width + w, arg).astype(numpy.int32)
+    _store(top, i, best)
+    _store(mask, i, arg)
+
+
+@twin("scaffe_max_pool_backward")
+def _max_pool_backward(i, dtop, mask, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx):
+    w = i % width
+    h = (i // width) % height
+    plane = i // (width * height)
+    phs = numpy.where(h + ph < kh, 0, (h + ph - kh) // sh + 1)
+    phe = numpy.minimum((h + ph) // sh + 1, oh)
+    pws = numpy.where(w + pw < kw, 0, (w + pw - kw) // sw + 1)
+    pwe = numpy.minimum((w + pw) // sw + 1, ow)
+    base = plane * oh * ow
+    own = h * width + w
+    acc = numpy.zeros(i.shape, dtype=dx.dtype)
+    for a in range(_windows_covering(kh, sh)):
+        py = phs + a
+        for b in range(_windows_covering(kw, sw)):
+            px = pws + b
+            inside = (py < phe) & (px < pwe)
+            at = base + py * ow + px
+            hit = inside & (_gather(mask, at, inside) == own)
+            acc += _gather(dtop, at, hit)
+    _store(dx, i, acc)
+
+
+@twin("scaffe_ave_pool_forward")
+def _ave_pool_forward(i, x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top):
+    px = i % ow
+    py = (i // ow) % oh
+    plane = i // (ow * oh)
+    hs = py * sh - ph
+    ws = px * sw - pw
+    he = numpy.minimum(hs + kh, height + ph)
+    we = numpy.minimum(ws + kw, width + pw)
+    pool_size = (he - hs) * (we - ws)
+    hs = numpy.maximum(hs, 0)
+    ws = numpy.maximum(ws, 0)
+    he = numpy.minimum(he, height)
+    we = numpy.minimum(we, width)
+    base = plane * height * width
+    acc = numpy.zeros(i.shape, dtype=x.dtype)
+    for a in range(kh):
+        h = hs + a
+        for b in range(kw):
+            w = ws + b
+            acc += _gather(x, base + h * width + w, (h < he) & (w < we))
+    _store(top, i, acc / pool_size.astype(x.dtype))
+
+
+@twin("scaffe_ave_pool_backward")
+def _ave_pool_backward(i, dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx):
+    w = i % width + pw
+    h = (i // width) % height + ph
+    plane = i // (width * height)
+    phs = numpy.where(h < kh, 0, (h - kh) // sh + 1)
+    phe = numpy.minimum(h // sh + 1, oh)
+    pws = numpy.where(w < kw, 0, (w - kw) // sw + 1)
+    pwe = numpy.minimum(w // sw + 1, ow)
+    base = plane * oh * ow
+    acc = numpy.zeros(i.shape, dtype=dx.dtype)
+    for a in range(_windows_covering(kh, sh)):
+        py = phs + a
+        for b in range(_windows_covering(kw, sw)):
+            px = pws + b
+            inside = (py < phe) & (px < pwe)
+            hs = py * sh - ph
+            ws = px * sw - pw
+            he = numpy.minimum(hs + kh, height + ph)
+            we = numpy.minimum(ws + kw, width + pw)
+            divisor = numpy.where(inside, (he - hs) * (we - ws), 1).astype(dx.dtype)
+            acc += numpy.where(inside, _gather(dtop, base + py * ow + px, inside) / divisor, dx.dtype.type(0))
+    _store(dx, i, acc)
+
+
+def _windows_covering(kernel, stride):
+    """An upper bound on how many pooling windows along one axis contain a given cell."""
+    return (kernel + stride - 1) // stride

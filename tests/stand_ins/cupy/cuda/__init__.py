@@ -1,0 +1,179 @@
+"""cupy.cuda for the stand-in: one device, streams, events, pinned host memory.
+
+Kernels are computed eagerly on the host. Uploads from pinned memory on a non-default stream are queued
+on that stream and run only when something orders them (Stream/Event/Device synchronize, or a stream
+waiting on an event recorded after them), so a missing wait or a host buffer refilled too early shows as
+wrong data. Synchronisations are counted in `cupy._stand_in.counters`. The legacy default stream's
+implicit ordering with blocking streams is not modelled: uploads go on non-blocking streams.
+"""
+import threading
+import weakref
+
+from cupy import _stand_in
+from cupy.cuda import runtime
+from cupy.cuda.runtime import CUDARuntimeError  # noqa: F401 - cupy.cuda.runtime.CUDARuntimeError
+
+_local = threading.local()
+
+
+def _check_device(device_id):
+    if not 0 <= device_id < runtime.getDeviceCount():
+        raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+
+
+class Device:
+    def __init__(self, device=None):
+        self.id = getattr(_local, "device", 0) if device is None else int(device)
+
+    def use(self):
+        _check_device(self.id)
+        _local.device = self.id
+
+    def synchronize(self):
+        _check_device(self.id)
+        _stand_in.count("synchronize")
+        _synchronize_all()
+
+    def __enter__(self):
+        _check_device(self.id)
+        self._previous = getattr(_local, "device", 0)
+        _local.device = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _local.device = self._previous
+
+    def __int__(self):
+        return self.id
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return hash(self.id)
+
+    def __repr__(self):
+        return f"<CUDA Device {self.id}>"
+
+
+class Event:
+    """Marks a point in a stream's queue: synchronizing or waiting on it runs the stream up to there."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.disable_timing = disable_timing
+        self._stream, self._position = None, 0
+
+    def record(self, stream=None):
+        self._stream = get_current_stream() if stream is None else stream
+        self._position = self._stream._queued
+
+    def _complete(self):
+        if self._stream is not None:
+            self._stream._run(self._position)
+
+    def synchronize(self):
+        _stand_in.count("synchronize")
+        self._complete()
+
+    @property
+    def done(self):
+        return self._stream is None or self._stream._done >= self._position
+
+
+_streams = weakref.WeakSet()
+
+
+def _synchronize_all():
+    for stream in list(_streams):
+        stream._run()
+
+
+class Stream:
+    """A CUDA stream; `Stream.null` is the legacy default stream, the current one unless another is used."""
+
+    null = None  # set below
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
+        self.is_null = null
+        self.non_blocking = non_blocking
+        self.ptr = 0 if null else id(self)
+        self._lock = threading.Lock()
+        self._work = []  # queued asynchronous copies, run in order
+        self._queued = self._done = 0
+        _streams.add(self)
+
+    def _enqueue(self, work):
+        with self._lock:
+            self._work.append(work)
+            self._queued += 1
+
+    def _run(self, position=None):
+        """Runs the queued work up to `position` (all of it by default)."""
+        with self._lock:
+            target = self._queued if position is None else position
+            while self._done < target:
+                self._work.pop(0)()
+                self._done += 1
+
+    def use(self):
+        _local.stream = self
+        return self
+
+    def synchronize(self):
+        _stand_in.count("synchronize")
+        self._run()
+
+    def record(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def wait_event(self, event):
+        """Work queued here after this call runs after the event; the stand-in computes eagerly, so the
+        event's stream is run up to it now."""
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event takes a cupy.cuda.Event, not {type(event)}")
+        event._complete()
+
+    @property
+    def done(self):
+        return self._done >= self._queued
+
+    def __enter__(self):
+        self._previous = get_current_stream()
+        _local.stream = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.stream = self._previous
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and other.ptr == self.ptr
+
+    def __hash__(self):
+        return hash(self.ptr)
+
+
+Stream.null = Stream(null=True)
+
+
+def get_current_stream(device_id=-1):
+    return getattr(_local, "stream", Stream.null)
+
+
+def get_elapsed_time(start_event, end_event):
+    raise NotImplementedError("the cupy stand-in has no device clock; elapsed times need a real GPU")
+
+
+class PinnedMemoryPointer(bytearray):
+    """Page-locked host memory: `numpy.frombuffer(ptr, dtype, count)` views it, as with cupy. (A bytearray
+    underneath: Python 3.11 classes cannot export buffers otherwise.)"""
+
+    def __init__(self, size):
+        super().__init__(int(size))
+        self.size = int(size)
+        self.ptr = _stand_in.register_pinned(self)
+
+
+def alloc_pinned_memory(size):
+    return PinnedMemoryPointer(size)
