@@ -5,8 +5,9 @@ kernels.reduce does on the CPU, so exact ops give the same bits on both. One ker
 rank's buffer through CUDA IPC and writes the result where it is needed (the Reduce root's buffer, or
 every rank's for an Allreduce): one pass, where a chain of pairwise adds moves 2-3x more memory.
 
-The source is one string; a variant is chosen by -D options (element type, op, K, M, and the kernel's
-name), so each (op, dtype, K, M) compiles once per process. `variant` gives (name, source, options) for
+The source is one string; a variant is chosen by -D options (element type, op, K, M) and ends with its
+own kernel, whose K + M pointer parameters are written out for it, so each (op, dtype, K, M) compiles
+once per process. `variant` gives (name, source, options) for
 one of them and `variants` a set that compiles every line of the source for every op and every dtype;
 kernels.cuda_sources registers that set for the sm_80/sm_90 compile check, and `raw_kernel` registers
 any other variant there when it is first needed.
@@ -20,8 +21,7 @@ import numpy
 
 SOURCE = r"""
 // Selected by the options: SCAFFE_T (element type), SCAFFE_OP (one of the op numbers below),
-// SCAFFE_K inputs and SCAFFE_M outputs, all passed as device pointers in two structs, and the kernel's
-// name SCAFFE_REDUCE, distinct for each variant.
+// SCAFFE_K inputs and SCAFFE_M outputs.
 #define SCAFFE_COPY 0
 #define SCAFFE_SUM 1
 #define SCAFFE_PROD 2
@@ -141,25 +141,16 @@ __device__ __forceinline__ Acc combine(Acc acc, T x) {
 #endif
 }
 
-struct Inputs { unsigned long long at[SCAFFE_K]; };
-struct Outputs { unsigned long long at[SCAFFE_M]; };
-
+// The loop of every variant; its kernel (see _kernel below) names the inputs in[] and the outputs out[].
 // Every thread reads element i of all inputs before writing it, so an output may be one of the inputs.
-extern "C" __global__ void SCAFFE_REDUCE(const Inputs in, const Outputs out, const unsigned long long n) {
-    const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        Acc acc = start(((const T*)in.at[0])[i]);
-#pragma unroll
-        for (int k = 1; k < SCAFFE_K; ++k) {
-            acc = combine(acc, ((const T*)in.at[k])[i]);
-        }
-        const T result = finish(acc);
-#pragma unroll
-        for (int m = 0; m < SCAFFE_M; ++m) {
-            ((T*)out.at[m])[i] = result;
-        }
+#define SCAFFE_REDUCE_LOOP                                                                           \
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;                     \
+         i += (long long)blockDim.x * gridDim.x) {                                                  \
+        Acc acc = start(in[0][i]);                                                                  \
+        _Pragma("unroll") for (int k = 1; k < SCAFFE_K; ++k) acc = combine(acc, in[k][i]);          \
+        const T result = finish(acc);                                                               \
+        _Pragma("unroll") for (int m = 0; m < SCAFFE_M; ++m) out[m][i] = result;                    \
     }
-}
 """
 
 _OP_NUMBERS = {"copy": 0, "sum": 1, "prod": 2, "min": 3, "max": 4, "land": 5, "lor": 6, "lxor": 7,
@@ -179,24 +170,30 @@ def dtypes():
     return [numpy.dtype(name) for name in _C_TYPES]
 
 
-def defined(op, dtype):
-    """Whether the kernel has `op` for `dtype`."""
-    dtype = numpy.dtype(dtype)
-    return dtype.name in _C_TYPES and op in _OPS_OF_KIND[dtype.kind]
-
-
 def variant(op, dtype, inputs, outputs):
     """(name, source, options) of the kernel combining `inputs` arrays with `op` ("copy" for one input)
-    into `outputs` arrays of `dtype`."""
+    into `outputs` arrays of `dtype`: scaffe_reduce_<op>_<dtype>_k<inputs>_m<outputs>(in0, ..., out0, ..., n)."""
     dtype = numpy.dtype(dtype)
-    if dtype.name not in _C_TYPES:
-        raise ValueError(f"the fused device reduce has no kernel for {dtype}")
+    if dtype.name not in _C_TYPES or op != "copy" and op not in _OPS_OF_KIND[dtype.kind]:
+        raise ValueError(f"the fused device reduce has no kernel for {op} on {dtype}")
     if (op == "copy") != (inputs == 1) or inputs < 1 or outputs < 1:
         raise ValueError(f"no reduce kernel for op {op!r} with {inputs} inputs and {outputs} outputs")
     name = f"scaffe_reduce_{op}_{dtype.name}_k{inputs}_m{outputs}"
-    options = (f"-DSCAFFE_REDUCE={name}", f"-DSCAFFE_T={_C_TYPES[dtype.name]}", f"-DSCAFFE_OP={_OP_NUMBERS[op]}",
+    options = (f"-DSCAFFE_T={_C_TYPES[dtype.name]}", f"-DSCAFFE_OP={_OP_NUMBERS[op]}",
                f"-DSCAFFE_K={inputs}", f"-DSCAFFE_M={outputs}", "--fmad=false")
-    return name, SOURCE, options
+    return name, SOURCE + _kernel(name, inputs, outputs), options
+
+
+def _kernel(name, inputs, outputs):
+    """The variant's kernel: each array a pointer parameter of its own (the registry's launch checks every
+    parameter), gathered into the in[] and out[] the shared loop reads."""
+    ins, outs = [f"in{k}" for k in range(inputs)], [f"out{m}" for m in range(outputs)]
+    parameters = ", ".join([f"const T* {a}" for a in ins] + [f"T* {a}" for a in outs] + ["long long n"])
+    return (f'extern "C" __global__ void {name}({parameters}) {{\n'
+            f"    const T* const in[{inputs}] = {{{', '.join(ins)}}};\n"
+            f"    T* const out[{outputs}] = {{{', '.join(outs)}}};\n"
+            "    SCAFFE_REDUCE_LOOP\n"
+            "}\n")
 
 
 def variants():

@@ -42,13 +42,6 @@ def _pointer(view):
     return view.__cuda_array_interface__["data"][0]
 
 
-def _pointer_struct(views):
-    """The device pointers of `views` as one by-value kernel argument (struct { unsigned long long at[K]; }):
-    cupy passes a numpy array of one element by value."""
-    pointers = numpy.array([_pointer(v) for v in views], dtype=numpy.uint64)
-    return pointers.view(numpy.dtype([("at", numpy.uint64, (len(views),))]))
-
-
 class CudaDevice(Device):
     def __init__(self, ordinal):
         import cupy
@@ -134,8 +127,10 @@ class CudaDevice(Device):
         from kernels._reduce_raw import raw_kernel
         kernel = raw_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
         blocks = min(_MAX_BLOCKS, -(-count // _THREADS))
+        # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike.
+        pointers = [numpy.uint64(_pointer(view)) for view in (*inputs, *outputs)]
         with self._device, stream:
-            kernel((blocks,), (_THREADS,), (_pointer_struct(inputs), _pointer_struct(outputs), numpy.uint64(count)))
+            kernel((blocks,), (_THREADS,), (*pointers, numpy.int64(count)))
 
     def synchronize_stream(self, stream):
         stream.synchronize()

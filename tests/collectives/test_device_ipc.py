@@ -8,6 +8,7 @@ import pytest
 from collectives.devices.peers import PeerMemory
 from collectives.intranode import ipc
 from kernels import _reduce_raw
+from kernels.cuda_sources import CudaSource
 from collectives.ops import supports
 from kernels.reduce import UFUNCS
 from mpi_harness import launch, run_ok
@@ -129,17 +130,11 @@ def test_kernel_variants_cover_every_op_and_dtype_and_refuse_nonsense():
         _reduce_raw.variant("sum", numpy.float32, 1, 1)
 
 
-def test_kernel_pointer_arguments_are_one_struct_by_value():
-    """cupy passes a one-element numpy array by value: K pointers must make one struct of K * 8 bytes."""
-    from collectives.devices.cuda import _pointer_struct
-
-    class View:
-        def __init__(self, pointer):
-            self.__cuda_array_interface__ = {"data": (pointer, False), "shape": (1,), "typestr": "<f4", "version": 3}
-
-    packed = _pointer_struct([View(0x7F0000001000), View(0x7F0000002000), View(16)])
-    assert packed.shape == (1,) and packed.dtype.itemsize == 24
-    assert packed.tobytes() == numpy.array([0x7F0000001000, 0x7F0000002000, 16], dtype="<u8").tobytes()
+def test_each_kernel_variant_takes_its_arrays_as_pointers_and_the_count():
+    name, code, options = _reduce_raw.variant("max", numpy.uint16, 3, 2)
+    parameters = CudaSource(name, code, options).parameters
+    assert parameters == [("const T*", "in0"), ("const T*", "in1"), ("const T*", "in2"),
+                          ("T*", "out0"), ("T*", "out1"), ("long long", "n")]
 
 
 def test_local_ranks_that_disagree_are_named():
@@ -152,5 +147,10 @@ def test_local_ranks_that_disagree_are_named():
 
 
 def test_the_kernel_has_exactly_the_ops_mpi_defines():
-    assert all(_reduce_raw.defined(op, dtype) == supports(op, dtype)
-               for dtype in _reduce_raw.dtypes() for op in UFUNCS)
+    for dtype in _reduce_raw.dtypes():
+        for op in UFUNCS:
+            if supports(op, dtype):
+                _reduce_raw.variant(op, dtype, 2, 1)
+            else:
+                with pytest.raises(ValueError, match="no kernel for"):
+                    _reduce_raw.variant(op, dtype, 2, 1)
