@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy
 
+from kernels import _reduce_raw
 from kernels.backend import get_array_module
 
 # The C types a scalar kernel parameter may have, and the numpy type an argument is passed as (cupy passes
@@ -209,6 +210,12 @@ extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float
         out[i] = ((a[i] + b[i]) + c[i]) + d[i];
 }
 """))
+
+
+# The collectives' fused K-input reduce: one source, a variant per (op, dtype, inputs, outputs); these cover
+# every line of it for every op and dtype, and _reduce_raw.raw_kernel registers the others on first use.
+for _name, _code, _options in _reduce_raw.variants():
+    register(CudaSource(_name, _code, _options))
 
 
 # ---------------------------------------------------------------- cupy side (imports cupy when called)
