@@ -3,31 +3,13 @@
 Prints the MPI library, the node topology, each rank's host, local rank and GPU, whether the MPI
 library is CUDA-aware, and which algorithm the selection table picks for a few message sizes.
 """
-import ctypes
-import os
 import socket
 
 from mpi4py import MPI
 
 from collectives import algorithms, settings
+from collectives.algorithms.device_pipeline import cuda_aware
 from collectives.comm import Comm
-
-
-def cuda_aware():
-    """(is the MPI library CUDA-aware, how we know). SCAFFE_CUDA_AWARE=0|1 overrides the detection."""
-    forced = settings.cuda_aware_override()
-    if forced is not None:
-        return forced, "SCAFFE_CUDA_AWARE"
-    try:  # MPICH 4, Open MPI 4+ and MVAPICH2-GDR export it; mpi4py loads libmpi with global symbols
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
-    except (AttributeError, OSError):
-        query = None
-    if query is not None:
-        query.restype = ctypes.c_int
-        return bool(query()), "MPIX_Query_cuda_support()"
-    if os.environ.get("MV2_USE_CUDA") == "1":
-        return True, "MV2_USE_CUDA=1"
-    return False, "the library has no MPIX_Query_cuda_support"
 
 
 def gpu_count():

@@ -206,6 +206,12 @@ class CpuDevice(devices.Device):
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
         return DeviceArray(_Mapping(_new_path("memory"), nbytes, create=True), 0, shape, dtype, self)
 
+    def pinned(self, count, dtype):
+        return numpy.empty(count, dtype)  # the host's own memory: page-locking makes no difference here
+
+    def mpi_buffer(self, view):
+        return view.memory  # what a CUDA-aware MPI reads through the device pointer
+
     def export(self, view):
         handle = f"{view.mapping.path}:{view.mapping.nbytes}".encode()
         if len(handle) > devices.HANDLE_BYTES:
@@ -234,7 +240,8 @@ class CpuDevice(devices.Device):
         return stream
 
     def copy(self, target, source, stream):
-        stream.enqueue(lambda: numpy.copyto(target.memory, source.memory))
+        target, source = _memory(target), _memory(source)  # device views, or pinned host arrays
+        stream.enqueue(lambda: numpy.copyto(target, source))
 
     def reduce(self, outputs, inputs, op, stream):
         def run():
@@ -290,6 +297,10 @@ class CpuDevice(devices.Device):
         if mapping is None:
             mapping = self._event_files[path] = _Mapping(path, _EVENT_SLOTS * 16, create=False)
         return Event(mapping, int(slot))
+
+
+def _memory(array):
+    return array.memory if isinstance(array, DeviceArray) else array
 
 
 def register(device):
