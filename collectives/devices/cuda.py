@@ -121,8 +121,8 @@ class CudaDevice(Device):
             return stream
         if hasattr(stream, "__cuda_stream__"):
             handle = stream.__cuda_stream__()[1]
-        elif hasattr(stream, "handle"):  # numba's
-            handle = stream.handle.value or 0
+        elif hasattr(stream, "handle"):  # numba's: a ctypes pointer, or a cuda-python CUstream
+            handle = getattr(stream.handle, "value", None) or int(stream.handle or 0)
         else:
             handle = int(stream)
         return cuda.ExternalStream(handle, self.ordinal)
