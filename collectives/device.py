@@ -114,10 +114,11 @@ def is_read_only(obj):
 
 
 def _wait_for_streams(devices):
-    """Synchronise the streams the copies of `devices` were queued on (0: numba copied synchronously)."""
+    """Synchronise the streams the copies of `devices` were queued on: numba's arrays carry the stream (0:
+    numba copied synchronously); other registered kinds of device arrays copy synchronously."""
     waited = set()
     for device in devices:
-        stream = device.stream
+        stream = getattr(device, "stream", 0)
         if stream and id(stream) not in waited:
             waited.add(id(stream))
             stream.synchronize()

@@ -40,9 +40,8 @@ def main():
     if comm.Get_rank() == 0:
         print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"topology: {topology}")
-        # Even a CUDA-aware library gets host memory for now: this build has no device transport yet.
-        print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({why}); device buffers are staged "
-              f"through pinned host memory")
+        print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({why}); the leaders' device chunks go to MPI "
+              f"{'directly' if aware else 'through pinned host memory'}")
         for rank, host, local, gpu, gpus in everyone:
             where = f"GPU {gpu} of {gpus}" if gpu is not None else "no GPU"
             print(f"rank {rank}: host {host}, local rank {local}, {where}")
