@@ -30,8 +30,8 @@ def direct(comm, kind, send, recv, op):
     if comm.device_ipc is None or comm.forced == "native":
         return None
     given = [buf for buf in (send, recv) if buf is not None]
-    if any(buf.device is None for buf in given):
-        return None
+    if any(buf.device is None for buf in given) or given[0].device.size == 0:
+        return None  # an empty buffer may have no allocation to export; staging it costs nothing
     dtype = numpy.dtype(given[0].device.dtype)
     if dtype not in _KERNEL_DTYPES or not dtype.isnative:
         return None

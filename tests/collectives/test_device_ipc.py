@@ -30,10 +30,13 @@ def test_staged_setting_copies_through_the_host():
     run_ok(2, "device_ipc.py", "--expect", "staged", *SOME, env={"SCAFFE_DEVICE_PATH": "staged"}, timeout=120)
 
 
-@pytest.mark.parametrize("ranks,gpus,forget", [(2, "shared", "peer"), (4, "distinct", "caller")])
+@pytest.mark.parametrize("ranks,gpus,forget", [
+    (2, "shared", "peer"), (4, "distinct", "caller"), (2, "pairs", "done"),
+])
 def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
-    """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), or the wait that
-    orders a call after the caller's stream ("caller"): the stand-in's delays must make results wrong."""
+    """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), the wait that
+    orders a call after the caller's stream ("caller"), or the host's wait for the kernels before a call
+    returns ("done"): the stand-in's delays must make results wrong."""
     job = launch(ranks, "device_ipc.py", "--gpus", gpus, "--forget", forget, timeout=120)
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "elements differ" in job.stderr, job.report()
@@ -48,7 +51,7 @@ def test_cupy_buffers_on_the_gpu():
 def test_stand_in_streams_are_asynchronous_and_ordered():
     device = cpu_device.CpuDevice(max_delay_s=5e-3, seed=1)
     first, second = device.new_stream(), device.new_stream()
-    buf = device.array((4,), numpy.int32)
+    buf = device.empty(4, numpy.int32)
     buf.write(numpy.arange(4), first)
     assert not buf.peek().any()  # queued, not done
     done = device.new_event()
@@ -120,3 +123,16 @@ def test_kernel_variants_cover_every_op_and_dtype_and_refuse_nonsense():
         _reduce_raw.variant("sum", numpy.bool_, 2, 1)
     with pytest.raises(ValueError, match="no reduce kernel"):
         _reduce_raw.variant("sum", numpy.float32, 1, 1)
+
+
+def test_kernel_pointer_arguments_are_one_struct_by_value():
+    """cupy passes a one-element numpy array by value: K pointers must make one struct of K * 8 bytes."""
+    from collectives.devices.cuda import _pointer_struct
+
+    class View:
+        def __init__(self, pointer):
+            self.__cuda_array_interface__ = {"data": (pointer, False), "shape": (1,), "typestr": "<f4", "version": 3}
+
+    packed = _pointer_struct([View(0x7F0000001000), View(0x7F0000002000), View(16)])
+    assert packed.shape == (1,) and packed.dtype.itemsize == 24
+    assert packed.tobytes() == numpy.array([0x7F0000001000, 0x7F0000002000, 16], dtype="<u8").tobytes()

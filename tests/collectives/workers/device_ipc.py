@@ -32,8 +32,9 @@ SEED = 7
 
 
 class ForgetfulDevice(cpu_device.CpuDevice):
-    """A stand-in device with a planted bug: it drops one kind of stream wait. "peer": an owner's waits on
-    the other ranks' ready events; "caller": the wait that orders a call after the caller's stream."""
+    """A stand-in device with a planted bug: it drops one kind of wait. "peer": an owner's stream waits on
+    the other ranks' ready events; "caller": the stream wait that orders a call after the caller's stream;
+    "done": the host's waits for the kernels to finish before the call returns."""
 
     def __init__(self, forget, **kwargs):
         super().__init__(**kwargs)
@@ -41,9 +42,13 @@ class ForgetfulDevice(cpu_device.CpuDevice):
 
     def wait(self, stream, event):
         foreign = event.mapping is not self._events
-        if foreign == (self.forget == "peer"):
+        if self.forget == ("peer" if foreign else "caller"):
             return
         super().wait(stream, event)
+
+    def synchronize(self, event):
+        if self.forget != "done":
+            super().synchronize(event)
 
 
 def gpu_of(local_rank, layout):
@@ -95,7 +100,7 @@ class Runner:
         self.w, self.memory = w, memory
         self.streams = [None, memory.stream()]
         self.rotation = itertools.count()
-        self.calls = 0
+        self.calls = 0  # those that must take the direct path
 
     def choose(self, options):
         return options[next(self.rotation) % len(options)]
@@ -103,7 +108,6 @@ class Runner:
     def call(self, name, *args, stream):
         """The collective `name` (blocking, or its I* form finished by Wait), on `stream`."""
         comm = self.w.comm
-        self.calls += 1
         if self.choose([False, True]):
             getattr(comm, "I" + name.lower())(*args, stream=stream).Wait()
         else:
@@ -129,6 +133,7 @@ class Runner:
             self.call("Reduce", send, recv, OPS[op], root, stream=stream)
         else:
             self.call("Allreduce", send, recv, OPS[op], stream=stream)
+        self.calls += n > 0  # empty buffers are staged
         if receives:
             w.check(memory.peek(recv), expected, "result")
         if send is not MPI.IN_PLACE:
@@ -141,6 +146,7 @@ class Runner:
         buf = self.memory.array(n, dtype)
         self.memory.write(buf, data if w.rank == root else numpy.zeros(n, dtype), stream)
         self.call("Bcast", buf, root, stream=stream)
+        self.calls += n > 0
         w.check(self.memory.peek(buf), data, "broadcast buffer")
 
     def repeated(self, dtype=numpy.float32, n=2048, times=4):
@@ -162,7 +168,7 @@ class Runner:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", choices=["shared", "distinct", "pairs"], default="shared")
-    parser.add_argument("--forget", choices=["peer", "caller"])
+    parser.add_argument("--forget", choices=["peer", "caller", "done"])
     parser.add_argument("--expect", choices=["direct", "staged"], default="direct")
     parser.add_argument("--memory", choices=["stand-in", "cupy"], default="stand-in")
     parser.add_argument("--ops", default="all")
