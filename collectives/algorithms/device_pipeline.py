@@ -1,15 +1,14 @@
 """Chunked, pipelined reduce and broadcast of device buffers along a tree of ranks (the node leaders).
 
 The shape of `collectives.algorithms.pipeline`, on device memory. Without a CUDA-aware MPI each chunk is
-staged through pinned host double buffers: device-to-host on a copy stream while MPI sends the previous
-chunk, host-to-device on the copy stream as chunks arrive, and the fused K-input reduce on a stream of
-its own after them. With a CUDA-aware MPI the device chunks go to MPI directly. Streams order the device
-work, events order the streams, and the host waits on an event only where MPI or a reused buffer needs
-the data: each wait is named in a comment, since a missing one reads a chunk before it has landed.
+staged through pinned host double buffers: device-to-host on a download stream while MPI sends the
+previous chunk, host-to-device on an upload stream as chunks arrive, and the fused K-input reduce on a
+compute stream after them. With a CUDA-aware MPI the device chunks go to MPI directly. Streams order the
+device work, events order the streams, and the host waits on an event only where MPI or a reused buffer
+needs the data: each wait is named in a comment, since a missing one reads a chunk before it has landed.
 
-`device` is the collectives' device interface (collectives.device_interface): empty/pinned allocate,
-copy(dst, src, stream) queues a copy, reduce(out, inputs, op, stream) the fused kernel, stream() and
-event() with record/wait/synchronize.
+Everything device-side goes through the collectives' device interface (collectives.devices.Device), so
+the CPU stand-in (tests/stand_ins/cpu_device.py) runs this code, waits included, in CI.
 """
 import collections
 import ctypes
@@ -68,8 +67,8 @@ class Scratch:
 
     def mark(self, stream):
         """An event recorded now on the caller's `stream` (None: the legacy default stream), for `wait_for`."""
-        event = self._spare_marks.pop() if self._spare_marks else self.device.new_event()
         with self.device.current():
+            event = self._spare_marks.pop() if self._spare_marks else self.device.new_event()
             self.device.record(event, self.device.user_stream(stream))
         return event
 
