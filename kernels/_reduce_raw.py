@@ -5,9 +5,11 @@ kernels.reduce does on the CPU, so exact ops give the same bits on both. One ker
 rank's buffer through CUDA IPC and writes the result where it is needed (the Reduce root's buffer, or
 every rank's for an Allreduce): one pass, where a chain of pairwise adds moves 2-3x more memory.
 
-The source is one string; a variant is chosen by -D options (element type, op, K, M), so each
-(op, dtype, K, M) compiles once per process. `variant` gives (name, source, options) for one of them and
-`variants` a set covering every op and dtype, which the compile check builds for sm_80 and sm_90.
+The source is one string; a variant is chosen by -D options (element type, op, K, M, and the kernel's
+name), so each (op, dtype, K, M) compiles once per process. `variant` gives (name, source, options) for
+one of them and `variants` a set that compiles every line of the source for every op and every dtype;
+kernels.cuda_sources registers that set for the sm_80/sm_90 compile check, and `raw_kernel` registers
+any other variant there when it is first needed.
 float16 is handled as its bits with PTX conversions, and complex numbers as pairs, so the source needs
 no header beyond what NVRTC has built in. Floating point is compiled without fused multiply-add, like
 numpy's arithmetic.
@@ -16,11 +18,10 @@ import functools
 
 import numpy
 
-NAME = "scaffe_reduce"
-
 SOURCE = r"""
 // Selected by the options: SCAFFE_T (element type), SCAFFE_OP (one of the op numbers below),
-// SCAFFE_K inputs and SCAFFE_M outputs, all passed as device pointers in two structs.
+// SCAFFE_K inputs and SCAFFE_M outputs, all passed as device pointers in two structs, and the kernel's
+// name SCAFFE_REDUCE, distinct for each variant.
 #define SCAFFE_COPY 0
 #define SCAFFE_SUM 1
 #define SCAFFE_PROD 2
@@ -144,7 +145,7 @@ struct Inputs { unsigned long long at[SCAFFE_K]; };
 struct Outputs { unsigned long long at[SCAFFE_M]; };
 
 // Every thread reads element i of all inputs before writing it, so an output may be one of the inputs.
-extern "C" __global__ void scaffe_reduce(const Inputs in, const Outputs out, const unsigned long long n) {
+extern "C" __global__ void SCAFFE_REDUCE(const Inputs in, const Outputs out, const unsigned long long n) {
     const unsigned long long stride = (unsigned long long)blockDim.x * gridDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         Acc acc = start(((const T*)in.at[0])[i]);
@@ -185,24 +186,30 @@ def variant(op, dtype, inputs, outputs):
         raise ValueError(f"the fused device reduce has no kernel for {dtype}")
     if (op == "copy") != (inputs == 1) or inputs < 1 or outputs < 1:
         raise ValueError(f"no reduce kernel for op {op!r} with {inputs} inputs and {outputs} outputs")
-    options = (f"-DSCAFFE_T={_C_TYPES[dtype.name]}", f"-DSCAFFE_OP={_OP_NUMBERS[op]}",
+    name = f"scaffe_reduce_{op}_{dtype.name}_k{inputs}_m{outputs}"
+    options = (f"-DSCAFFE_REDUCE={name}", f"-DSCAFFE_T={_C_TYPES[dtype.name]}", f"-DSCAFFE_OP={_OP_NUMBERS[op]}",
                f"-DSCAFFE_K={inputs}", f"-DSCAFFE_M={outputs}", "--fmad=false")
-    return NAME, SOURCE, options
+    return name, SOURCE, options
 
 
 def variants():
-    """A set of variants that together compile every line of the source: each (op, dtype) pair with
-    3 inputs and 2 outputs, and a copy for each dtype."""
-    found = []
-    for dtype in dtypes():
-        found.append(variant("copy", dtype, 1, 2))
-        found.extend(variant(op, dtype, 3, 2) for op in _OPS_OF_KIND[dtype.kind])
-    return found
+    """Variants that together compile every line of the source, every op and every dtype at least once
+    (each integer op on its own integer type, float16's own arithmetic for each op), with 3 inputs and 2
+    outputs, and a copy. All 96 (op, dtype) pairs and a copy of each dtype compiled cleanly for sm_80 and
+    sm_90 (NVRTC 12.9) when this was written; the compile check builds only these, to keep CI short."""
+    pairs = [("land", "int8"), ("lor", "int16"), ("lxor", "int32"), ("band", "int64"), ("bor", "uint8"),
+             ("bxor", "uint16"), ("min", "uint32"), ("max", "uint64"), ("prod", "int32"), ("sum", "int64"),
+             ("sum", "float16"), ("prod", "float16"), ("min", "float16"), ("max", "float16"),
+             ("min", "float32"), ("max", "float64"), ("prod", "float32"),
+             ("sum", "complex64"), ("prod", "complex64"), ("prod", "complex128")]
+    return [variant(op, dtype, 3, 2) for op, dtype in pairs] + [variant("copy", "float32", 1, 2)]
 
 
 @functools.cache
 def raw_kernel(op, dtype, inputs, outputs):
-    """The cupy RawKernel of `variant(...)`, made once per process (cupy compiles it on first launch)."""
-    import cupy
+    """The cupy RawKernel of `variant(...)`, through kernels.cuda_sources (cupy compiles it on first launch)."""
+    from kernels import cuda_sources
     name, source, options = variant(op, dtype, inputs, outputs)
-    return cupy.RawKernel(source, name, options=options)
+    if name not in cuda_sources.SOURCES:
+        cuda_sources.register(cuda_sources.CudaSource(name, source, options))
+    return cuda_sources.raw_kernel(name)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy
 
+from kernels import _reduce_raw
+
 
 @dataclass(frozen=True)
 class CudaSource:
@@ -190,6 +192,12 @@ extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float
         out[i] = ((a[i] + b[i]) + c[i]) + d[i];
 }
 """))
+
+
+# The collectives' fused K-input reduce: one source, a variant per (op, dtype, inputs, outputs); these cover
+# every line of it for every op and dtype, and _reduce_raw.raw_kernel registers the others on first use.
+for _name, _code, _options in _reduce_raw.variants():
+    register(CudaSource(_name, _code, _options))
 
 
 # ---------------------------------------------------------------- cupy side (imports cupy when called)

@@ -8,7 +8,7 @@ import pytest
 from collectives.devices.peers import PeerMemory
 from collectives.intranode import ipc
 from kernels import _reduce_raw
-from kernels.reduce import UFUNCS, supports
+from kernels.reduce import UFUNCS
 from mpi_harness import launch, run_ok
 from stand_ins import cpu_device
 
@@ -116,9 +116,12 @@ def test_one_owner_per_device_and_the_root_owns_its_own():
 
 
 def test_kernel_variants_cover_every_op_and_dtype_and_refuse_nonsense():
-    dtypes = _reduce_raw.dtypes()
-    pairs = [(op, dtype) for dtype in dtypes for op in UFUNCS if supports(op, dtype)]
-    assert len(set(_reduce_raw.variants())) == len(pairs) + len(dtypes)  # and a copy for each dtype
+    """The variants the compile check builds name every op and every dtype, each under its own name."""
+    names = [name for name, _, _ in _reduce_raw.variants()]
+    assert len(set(names)) == len(names)
+    assert all(any(f"_{op}_" in name for name in names) for op in list(UFUNCS) + ["copy"])
+    assert all(any(f"_{dtype.name}_" in name for name in names) for dtype in _reduce_raw.dtypes())
+    assert _reduce_raw.variant("sum", numpy.float32, 4, 1)[0] == "scaffe_reduce_sum_float32_k4_m1"
     with pytest.raises(ValueError, match="no kernel"):
         _reduce_raw.variant("sum", numpy.bool_, 2, 1)
     with pytest.raises(ValueError, match="no reduce kernel"):
@@ -136,3 +139,12 @@ def test_kernel_pointer_arguments_are_one_struct_by_value():
     packed = _pointer_struct([View(0x7F0000001000), View(0x7F0000002000), View(16)])
     assert packed.shape == (1,) and packed.dtype.itemsize == 24
     assert packed.tobytes() == numpy.array([0x7F0000001000, 0x7F0000002000, 16], dtype="<u8").tobytes()
+
+
+def test_local_ranks_that_disagree_are_named():
+    table = numpy.zeros(3, dtype=ipc._RECORD)
+    table["count"] = [10, 10, 10]
+    assert ipc._disagreement(table) is None
+    table["count"][2], table["root"][1] = 12, 1
+    message = ipc._disagreement(table)
+    assert "count (10, 10, 12)" in message and "root (0, 1, 0)" in message and "dtype" not in message

@@ -2,8 +2,9 @@
 
 It behaves like a GPU where it matters for synchronisation, so that the device algorithms run across MPI
 processes in CI and a missing wait gives wrong results:
-- memory is a file in /dev/shm that other processes map by its handle (the file's name), as CUDA IPC maps
-  a peer's allocation;
+- memory is an anonymous shared-memory file (memfd) that other processes map by its handle (its path
+  under the owner's /proc/<pid>/fd while the owner holds it), as CUDA IPC maps a peer's allocation; it
+  goes away with the last process that maps it, however the processes end (Linux only);
 - a stream is a worker thread running its queue in order, each piece of work after a random delay, so
   work queued on two streams finishes in any order and nothing is done when the call that queued it
   returns;
@@ -21,7 +22,6 @@ import mmap
 import os
 import queue
 import random
-import tempfile
 import threading
 import time
 import weakref
@@ -31,41 +31,34 @@ import numpy
 from collectives import devices
 from kernels.reduce import reduce_into
 
-_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _EVENT_SLOTS = 4096
 _WAIT_LIMIT_S = 60.0  # a wait that long means a record that never comes: fail the stream, do not hang
 _POLL_S = 100e-6
-_names = itertools.count()
-
-
-def _unlink(path):
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+# Numbers this process's allocations: a closed memfd's descriptor number comes back for the next one, and a
+# handle must never name two allocations (peers cache what they opened by handle, as for CUDA's handles).
+_serials = itertools.count()
 
 
 class _Mapping:
-    """A shared-memory file mapped into this process (created by its owner, opened by the others)."""
+    """Shared memory mapped into this process: made by its owner (path None) or opened by another from the
+    owner's `path`, which stays valid while the owner's mapping lives."""
 
-    def __init__(self, path, nbytes, create):
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, max(nbytes, 1))
-            self.memory = mmap.mmap(fd, max(nbytes, 1))
-        finally:
-            os.close(fd)
-        self.path, self.nbytes = path, nbytes
+    def __init__(self, nbytes, path=None):
+        size = max(nbytes, 1)
+        if path is None:
+            fd = os.memfd_create("scaffe-cpu-device")
+            os.ftruncate(fd, size)
+            self.memory = mmap.mmap(fd, size)
+            path = f"/proc/{os.getpid()}/fd/{fd}"
+            weakref.finalize(self, os.close, fd)  # the owner's descriptor is what peers open
+        else:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                self.memory = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+        self.path, self.nbytes, self.serial = path, nbytes, next(_serials)
         self.bytes = numpy.frombuffer(self.memory, dtype=numpy.uint8)
-        if create:
-            # Peers that mapped it keep their mapping; the name goes with the owner's last reference.
-            weakref.finalize(self, _unlink, path)
-
-
-def _new_path(kind):
-    return os.path.join(_SHM_DIR, f"scaffe-cpu-{kind}-{os.getpid()}-{next(_names)}")
 
 
 class DeviceArray:
@@ -204,7 +197,7 @@ class CpuDevice(devices.Device):
         """A new DeviceArray of `shape` (what a test allocates its buffers with)."""
         dtype = numpy.dtype(dtype)
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
-        return DeviceArray(_Mapping(_new_path("memory"), nbytes, create=True), 0, shape, dtype, self)
+        return DeviceArray(_Mapping(nbytes), 0, shape, dtype, self)
 
     def pinned(self, count, dtype):
         return numpy.empty(count, dtype)  # the host's own memory: page-locking makes no difference here
@@ -213,14 +206,14 @@ class CpuDevice(devices.Device):
         return view.memory  # what a CUDA-aware MPI reads through the device pointer
 
     def export(self, view):
-        handle = f"{view.mapping.path}:{view.mapping.nbytes}".encode()
+        handle = f"{view.mapping.path}:{view.mapping.nbytes}:{view.mapping.serial}".encode()
         if len(handle) > devices.HANDLE_BYTES:
             raise ValueError(f"stand-in handle {handle!r} is longer than {devices.HANDLE_BYTES} bytes")
         return handle, view.offset
 
     def open(self, handle):
-        path, nbytes = bytes(handle).rstrip(b"\0").decode().rsplit(":", 1)
-        return _Mapping(path, int(nbytes), create=False)
+        path, nbytes, _ = bytes(handle).rstrip(b"\0").decode().split(":")
+        return _Mapping(int(nbytes), path)
 
     def close(self, opened):
         pass  # the mapping goes when the last view of it does, as the memory of a real unmapping would
@@ -262,7 +255,7 @@ class CpuDevice(devices.Device):
     # -- events -------------------------------------------------------------------------------------
     def new_event(self, interprocess=False):
         if self._events is None:
-            self._events = _Mapping(_new_path("events"), _EVENT_SLOTS * 16, create=True)
+            self._events = _Mapping(_EVENT_SLOTS * 16)
         if self._next_slot == _EVENT_SLOTS:
             raise RuntimeError(f"the stand-in device has room for {_EVENT_SLOTS} events per process")
         self._next_slot += 1
@@ -295,7 +288,7 @@ class CpuDevice(devices.Device):
         path, slot = bytes(handle).rstrip(b"\0").decode().rsplit("#", 1)
         mapping = self._event_files.get(path)
         if mapping is None:
-            mapping = self._event_files[path] = _Mapping(path, _EVENT_SLOTS * 16, create=False)
+            mapping = self._event_files[path] = _Mapping(_EVENT_SLOTS * 16, path)
         return Event(mapping, int(slot))
 
 
