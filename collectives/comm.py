@@ -221,6 +221,7 @@ class Comm(MPI.Intracomm):
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
         self.device_ipc = NodeIpc(node_comm) if settings.device_path() == "direct" else None
+        self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)

@@ -113,6 +113,17 @@ def is_read_only(obj):
     return bool(interface and interface["data"][1])
 
 
+def _wait_for_streams(devices):
+    """Synchronise the streams the copies of `devices` were queued on: numba's arrays carry the stream (0:
+    numba copied synchronously); other registered kinds of device arrays copy synchronously."""
+    waited = set()
+    for device in devices:
+        stream = getattr(device, "stream", 0)
+        if stream and id(stream) not in waited:
+            waited.add(id(stream))
+            stream.synchronize()
+
+
 class PinnedPool:
     """Grow-only page-locked host buffers, handed out one per staged array and given back after the call.
 
@@ -159,14 +170,20 @@ class Staging:
         return array
 
     def copy_in(self):
+        """Device to host, done when it returns: a view of an array that names its producer's stream (a
+        cupy array) copies asynchronously on that stream (numba's rule), after the producer's work."""
         for device, array in self._inputs:
             if device.size:
                 device.copy_to_host(array)
+        _wait_for_streams(device for device, _ in self._inputs)
 
     def copy_out(self):
+        """Host to device, done when it returns: the pinned buffers go back to the pool for other calls
+        right after, and the caller's next work on its stream must see the result."""
         for array, device in self._outputs:
             if device.size:
                 device.copy_to_device(array)
+        _wait_for_streams(device for _, device in self._outputs)
 
     def release(self):
         """Give the pinned buffers back to the pool (after copy_out)."""

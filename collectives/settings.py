@@ -21,7 +21,9 @@ SCAFFE_STALL_S          seconds >= 0        60                    abort with a r
                                                                   this long; 0: off (stall_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
 SCAFFE_CUDA_AWARE       0 or 1              unset: detected       whether the MPI library takes device buffers, in
-                                            (collectives.info)    place of the detection (cuda_aware_override)
+                                            (algorithms.          place of the detection; 1: the leaders' device
+                                            device_pipeline)      pipeline hands MPI device chunks, 0: pinned host
+                                                                  copies of them (cuda_aware_override)
 SCAFFE_ABORT_ON_ERROR   0 or 1              1                     whether making a Comm installs the abort hook
                                                                   (abort_on_error)
 SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers: reduced in place on the devices

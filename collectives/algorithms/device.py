@@ -3,9 +3,8 @@
 A call takes it when SCAFFE_DEVICE_PATH is `direct` (the default), this rank's buffers are all device
 memory served by one collectives.devices implementation, the fused kernel has the op and dtype, and
 SCAFFE_REDUCE_ALGO does not send every call to native MPI (which then gets host copies).
-Inside a node the local ranks' buffers are reduced through IPC (collectives.intranode.ipc). Across
-nodes the leaders' stage does not exist yet: such calls are staged through host memory whole, as they
-were before; `_ACROSS_NODES` is where the leaders' pipeline joins in.
+Inside a node the local ranks' buffers are reduced through IPC (collectives.intranode.ipc); across
+nodes the leaders' chunked pipeline joins in (collectives.algorithms.device_nodes).
 
 Every rank of a node must pass device buffers to a call when one does (or all host buffers): a node
 whose ranks mix them needs SCAFFE_DEVICE_PATH=staged, which runs everything on host copies.
@@ -13,11 +12,11 @@ whose ranks mix them needs SCAFFE_DEVICE_PATH=staged, which runs everything on h
 import numpy
 
 from collectives import devices
+from collectives.algorithms import device_nodes
 from collectives.ops import op_name, supports
 from kernels._reduce_raw import dtypes
 
 _KERNEL_DTYPES = frozenset(dtypes())
-_ACROSS_NODES = False  # until the leaders' device pipeline exists, several nodes stage
 
 
 def direct(comm, kind, send, recv, op):
@@ -27,7 +26,7 @@ def direct(comm, kind, send, recv, op):
     Bcast's buffer is `recv`). When the answer is a Device, their `array` is set to their device views,
     which the validation and the Call then carry.
     """
-    if comm.device_ipc is None or comm.forced == "native" or (comm.several_nodes and not _ACROSS_NODES):
+    if comm.device_ipc is None or comm.forced == "native":
         return None
     given = [buf for buf in (send, recv) if buf is not None]
     if any(buf.device is None for buf in given) or given[0].device.size == 0:
@@ -49,6 +48,8 @@ def direct(comm, kind, send, recv, op):
 
 def start(comm, call, stream):
     """Mark the caller's stream now and return the call's work (see collectives.intranode.ipc)."""
+    if comm.several_nodes:
+        return device_nodes.start(comm, call, stream)
     topology = comm.node_topology
     root = topology.local_rank_of[call.root] if call.kind != "allreduce" else 0
     return comm.device_ipc.start(call.device, call.kind, call.send, call.recv, call.op_name, root, stream)

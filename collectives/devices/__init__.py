@@ -34,6 +34,16 @@ class Device:
         """A new flat array of `count` elements of `dtype` in this device's memory, exportable."""
         raise NotImplementedError
 
+    def pinned(self, count, dtype):
+        """A new flat numpy array of `count` elements of `dtype` in page-locked host memory, which `copy`
+        moves to and from the device asynchronously (the leaders' staging buffers)."""
+        raise NotImplementedError
+
+    def mpi_buffer(self, view):
+        """What a CUDA-aware MPI library is handed for device `view` (the view itself where it exports
+        __cuda_array_interface__)."""
+        return view
+
     def export(self, view):
         """(handle, offset): the IPC handle (bytes) of the allocation holding `view` and `view`'s byte offset
         in it. Exporting an allocation again gives the same handle."""
@@ -62,7 +72,8 @@ class Device:
         raise NotImplementedError
 
     def copy(self, target, source, stream):
-        """Queue target[:] = source[:] on `stream` (views of one dtype and size, local or opened)."""
+        """Queue target[:] = source[:] on `stream` (views of one dtype and size, local or opened, or one of
+        them a `pinned` host array)."""
         raise NotImplementedError
 
     def reduce(self, outputs, inputs, op, stream):

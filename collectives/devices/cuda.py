@@ -39,7 +39,9 @@ def device_for(view):
 
 
 def _pointer(view):
-    return view.__cuda_array_interface__["data"][0]
+    """The address of a device view, or of a host (pinned) numpy array."""
+    interface = getattr(view, "__cuda_array_interface__", None) or view.__array_interface__
+    return interface["data"][0]
 
 
 class CudaDevice(Device):
@@ -62,6 +64,12 @@ class CudaDevice(Device):
     def empty(self, count, dtype):
         with self._device:
             return self._cupy.empty(count, dtype)
+
+    def pinned(self, count, dtype):
+        dtype = numpy.dtype(dtype)
+        with self._device:
+            memory = self._cupy.cuda.alloc_pinned_memory(max(count, 1) * dtype.itemsize)
+        return numpy.frombuffer(memory, dtype, count)  # the array keeps the memory alive
 
     def export(self, view):
         pointer = _pointer(view)

@@ -199,6 +199,12 @@ class CpuDevice(devices.Device):
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
         return DeviceArray(_Mapping(nbytes), 0, shape, dtype, self)
 
+    def pinned(self, count, dtype):
+        return numpy.empty(count, dtype)  # the host's own memory: page-locking makes no difference here
+
+    def mpi_buffer(self, view):
+        return view.memory  # what a CUDA-aware MPI reads through the device pointer
+
     def export(self, view):
         handle = f"{view.mapping.path}:{view.mapping.nbytes}:{view.mapping.serial}".encode()
         if len(handle) > devices.HANDLE_BYTES:
@@ -227,7 +233,8 @@ class CpuDevice(devices.Device):
         return stream
 
     def copy(self, target, source, stream):
-        stream.enqueue(lambda: numpy.copyto(target.memory, source.memory))
+        target, source = _memory(target), _memory(source)  # device views, or pinned host arrays
+        stream.enqueue(lambda: numpy.copyto(target, source))
 
     def reduce(self, outputs, inputs, op, stream):
         def run():
@@ -283,6 +290,10 @@ class CpuDevice(devices.Device):
         if mapping is None:
             mapping = self._event_files[path] = _Mapping(_EVENT_SLOTS * 16, path)
         return Event(mapping, int(slot))
+
+
+def _memory(array):
+    return array.memory if isinstance(array, DeviceArray) else array
 
 
 def register(device):
