@@ -69,20 +69,11 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
                 log(f"Could not open or find file {path}: {e}")
                 continue
             if check_size:
-                if first_shape is None:
-                    first_shape = image.shape
-                elif image.shape != first_shape:
+                first_shape = first_shape or image.shape
+                if image.shape != first_shape:
                     raise ValueError(f"{path}: size {image.shape} differs from the first image's {first_shape}")
             if encoded:
-                fmt = encode_type.upper() if encode_type else _format_of(rel_path)
-                fmt = "JPEG" if fmt == "JPG" else fmt
-                same_file = (not resize_height and _format_of(rel_path) == fmt
-                             and _file_channels(path) == image.shape[0])
-                if same_file:
-                    with open(path, "rb") as f:
-                        payload = f.read()
-                else:
-                    payload = encode_image(image, fmt)
+                payload = _encoded_image(path, rel_path, image, encode_type, resized=bool(resize_height))
                 datum = array_to_datum(None, label, encoded_bytes=payload)
             else:
                 datum = array_to_datum(image, label)
@@ -93,6 +84,16 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
     if stored % 1000:
         log(f"Processed {stored} files.")
     return stored
+
+
+def _encoded_image(path, rel_path, image, encode_type, resized):
+    """The image file's bytes if they already hold `image` in the wanted format, else `image` re-encoded."""
+    fmt = encode_type.upper() if encode_type else _format_of(rel_path)
+    fmt = "JPEG" if fmt == "JPG" else fmt
+    if not resized and _format_of(rel_path) == fmt and _file_channels(path) == image.shape[0]:
+        with open(path, "rb") as f:
+            return f.read()
+    return encode_image(image, fmt)
 
 
 def _file_channels(path):
