@@ -17,7 +17,7 @@ import numpy
 
 from scaffe.data.datum import array_to_datum, encode_image, load_image, require_pillow
 from scaffe.data.lmdb_writer import LMDBWriter
-from scaffe.tools.gflags import require_lmdb, switches
+from scaffe.tools.gflags import run_tool, switches
 
 __all__ = ["main", "read_image_list", "convert_imageset"]
 
@@ -126,16 +126,10 @@ def main(argv=None):
     args = _parser().parse_args(switches(sys.argv[1:] if argv is None else argv, _SWITCHES, "convert_imageset"))
     if args.encode_type and not args.encoded:
         print("encode_type specified, assuming encoded=true.")
-    try:
-        require_lmdb(args.backend)
-        convert_imageset(args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
-                         resize_height=args.resize_height, resize_width=args.resize_width,
-                         check_size=args.check_size, encoded=args.encoded or bool(args.encode_type),
-                         encode_type=args.encode_type, seed=args.seed)
-    except (OSError, ValueError, RuntimeError) as e:
-        print(f"convert_imageset: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_tool("convert_imageset", args.backend, lambda: convert_imageset(
+        args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
+        resize_height=args.resize_height, resize_width=args.resize_width, check_size=args.check_size,
+        encoded=args.encoded or bool(args.encode_type), encode_type=args.encode_type, seed=args.seed))
 
 
 if __name__ == "__main__":
