@@ -262,6 +262,21 @@ def _plain_buffers(count, dtype, value, device):
     return numpy.full(count, value, dtype=dtype), numpy.zeros(count, dtype=dtype)
 
 
+def case(call, result, expected, description, clear_result=True, check_result=True):
+    """(call, check) for `run`: check() zeroes `result` (if clear_result), makes one more call, and, if
+    check_result, raises AssertionError unless every element of `result` equals `expected`."""
+    def check():
+        if clear_result:
+            clear(result)
+        call()
+        if check_result:
+            got = on_host(result)
+            if got.size and not numpy.all(got == expected):
+                raise AssertionError(f"{description}: got {got[:4]}..., expected {expected}")
+
+    return call, check
+
+
 def clear(buf):
     """Zero a benchmark buffer, wherever it lives (a check's call must write every element it checks)."""
     if isinstance(buf, numpy.ndarray):
