@@ -27,8 +27,7 @@ DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_
           "int": (numpy.int32, "MPI_INT"), "char": (numpy.int8, "MPI_CHAR")}
 LARGE_MESSAGE = 8192  # OSU's boundary for fewer iterations
 # `--impl both` splits each size's iterations into rounds in the order AB BA AB BA: slow drifts in machine
-# load hit both alike, and so does whatever going first or second costs. With two rounds (AB AB), MPICH's
-# Bcast measured against itself on one communicator handle came out 0.86-0.98 from 1 to 16 MiB on 8 ranks.
+# load hit both alike, and so does whatever going first or second costs (perf/RESULTS.md).
 ROUNDS = 4
 
 
