@@ -30,8 +30,7 @@ DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_
 DEVICES = ("cuda", "cupy")  # device buffers: numba device arrays, cupy arrays
 LARGE_MESSAGE = 8192  # OSU's boundary for fewer iterations
 # `--impl both` splits each size's iterations into rounds in the order AB BA AB BA: slow drifts in machine
-# load hit both alike, and so does whatever going first or second costs. With two rounds (AB AB), MPICH's
-# Bcast measured against itself on one communicator handle came out 0.86-0.98 from 1 to 16 MiB on 8 ranks.
+# load hit both alike, and so does whatever going first or second costs (perf/RESULTS.md).
 ROUNDS = 4
 
 
@@ -257,6 +256,21 @@ def _plain_buffers(count, dtype, value, device):
         import cupy
         return cupy.full(count, value, dtype=dtype), cupy.zeros(count, dtype=dtype)
     return numpy.full(count, value, dtype=dtype), numpy.zeros(count, dtype=dtype)
+
+
+def case(call, result, expected, description, clear_result=True, check_result=True):
+    """(call, check) for `run`: check() zeroes `result` (if clear_result), makes one more call, and, if
+    check_result, raises AssertionError unless every element of `result` equals `expected`."""
+    def check():
+        if clear_result:
+            clear(result)
+        call()
+        if check_result:
+            got = on_host(result)
+            if got.size and not numpy.all(got == expected):
+                raise AssertionError(f"{description}: got {got[:4]}..., expected {expected}")
+
+    return call, check
 
 
 def clear(buf):

@@ -16,9 +16,7 @@ class AdaDeltaSolver(SGDSolver):
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        grad_history = self.history[param_id]
-        update_history = self.history[n + param_id]
+        grad_history, update_history = self.histories(param_id)
         xp = blob.xp
         momentum = numpy.float32(self.param.momentum)
         delta = numpy.float32(self.param.delta)

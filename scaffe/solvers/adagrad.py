@@ -11,13 +11,20 @@ class AdaGradSolver(SGDSolver):
     type = "AdaGrad"
 
     def __init__(self, param, **kwargs):
+        self.check_settings(param)
+        super().__init__(param, **kwargs)
+
+    def check_settings(self, param):
         if param.momentum != 0:
             raise SolverError(f"AdaGrad does not use momentum (got momentum {param.momentum:g}); leave it out")
-        super().__init__(param, **kwargs)
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]
         history = self.history[param_id]
-        xp = blob.xp
-        history += blob.diff * blob.diff
-        blob.diff[...] = self.local_rate(param_id, rate) * (blob.diff / (xp.sqrt(history) + numpy.float32(self.param.delta)))
+        self.accumulate(history, blob.diff)
+        rate = self.local_rate(param_id, rate)
+        blob.diff[...] = rate * (blob.diff / (blob.xp.sqrt(history) + numpy.float32(self.param.delta)))
+
+    def accumulate(self, history, grad):
+        """Folds the squared gradient into the history: AdaGrad sums them all."""
+        history += grad * grad

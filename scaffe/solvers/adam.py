@@ -18,16 +18,14 @@ class AdamSolver(SGDSolver):
     history_sets = 2
 
     def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        m = self.history[param_id]
-        v = self.history[n + param_id]
-        xp = blob.xp
         beta1 = numpy.float32(self.param.momentum)
         beta2 = numpy.float32(self.param.momentum2)
         one = numpy.float32(1)
         t = self.iter + 1
         correction = numpy.float32(math.sqrt(1.0 - float(beta2) ** t) / (1.0 - float(beta1) ** t))
+        blob = self.net.learnable_params[param_id]
+        m, v = self.histories(param_id)
+        xp = blob.xp
         m *= beta1
         m += (one - beta1) * blob.diff
         v *= beta2

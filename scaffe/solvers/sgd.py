@@ -95,6 +95,11 @@ class SGDSolver(Solver):
         else:
             raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
 
+    def histories(self, param_id):
+        """Blob `param_id`'s history blobs, one from each set (the solverstate holds set after set)."""
+        n = len(self.net.learnable_params)
+        return [self.history[k * n + param_id] for k in range(self.history_sets)]
+
     def local_rate(self, param_id, rate):
         return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])
 
