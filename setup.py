@@ -16,9 +16,15 @@ setup(
     install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1",
                       "pillow"],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib", "ruff"],
-        "cuda12": ["cupy-cuda12x"],
-        "cuda13": ["cupy-cuda13x"],
+        # The CUDA 12 compilers from PyPI (NVRTC, and NVVM with ptxas) let CI compile every CUDA kernel
+        # without a GPU (tests/kernels/test_cuda_compile.py); about 130 MB of wheels, no cupy.
+        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib", "ruff",
+                 "numba-cuda>=0.30", "cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12==12.*",
+                 "nvidia-cuda-nvcc-cu12==12.*"],
+        # A working stack on a machine with only the NVIDIA driver: cupy with the toolkit's libraries
+        # (NVRTC, cuBLAS, ...) from its `ctk` extra, and numba-cuda with NVVM from its own extra.
+        "cuda12": ["cupy-cuda12x[ctk]", "numba-cuda[cu12]>=0.30"],
+        "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["scaffe = scaffe.cli:main"]},

@@ -125,26 +125,7 @@ def parse(arg, what="buffer"):
     if isinstance(arg, numpy.ndarray):
         return Buffer(_flat_view(arg, what), arg)
     if isinstance(arg, (list, tuple)):
-        obj, count, displ, datatype = _split_spec(arg, what)
-        if obj is None or obj is MPI.BOTTOM:
-            return Buffer(None, arg)  # absolute addresses in the datatype: the wrapped MPI handles them
-        if device.is_device_buffer(obj):
-            return _device_buffer(arg, obj, datatype, count, displ, what)
-        host = _host_array(obj, what, typed=datatype is not None)
-        if host is None:
-            return Buffer(None, arg)
-        flat = _flat_view(host, what)
-        if datatype is not None:
-            dtype = _dtype_of(datatype)
-            if dtype is None:
-                return Buffer(None, arg)  # derived datatype: the wrapped MPI handles it
-            raw = flat.view(numpy.uint8)
-            if raw.nbytes % dtype.itemsize:
-                raise CollectiveError(
-                    f"{what}: {raw.nbytes} bytes is not a whole number of {_datatype_name(datatype)} elements")
-            flat = raw.view(dtype)
-        start, stop = _element_range(flat.shape[0], count, displ, what)
-        return Buffer(flat[start:stop], arg)
+        return _parse_spec(arg, what)
     if arg is None:
         return None
     if arg is MPI.BOTTOM:
@@ -153,6 +134,37 @@ def parse(arg, what="buffer"):
         return _device_buffer(arg, arg, None, None, None, what)
     host = _host_array(arg, what, typed=False)
     return Buffer(None, arg) if host is None else Buffer(_flat_view(host, what), arg)
+
+
+def _parse_spec(arg, what):
+    """Buffer for a list/tuple spec; Buffer(None, arg) where only the wrapped MPI can read it."""
+    obj, count, displ, datatype = _split_spec(arg, what)
+    if obj is None or obj is MPI.BOTTOM:
+        return Buffer(None, arg)  # absolute addresses in the datatype: the wrapped MPI handles them
+    if device.is_device_buffer(obj):
+        return _device_buffer(arg, obj, datatype, count, displ, what)
+    host = _host_array(obj, what, typed=datatype is not None)
+    if host is None:
+        return Buffer(None, arg)
+    flat = _flat_view(host, what)
+    if datatype is not None:
+        flat = _typed_view(flat, datatype, what)
+        if flat is None:
+            return Buffer(None, arg)  # derived datatype: the wrapped MPI handles it
+    start, stop = _element_range(flat.shape[0], count, displ, what)
+    return Buffer(flat[start:stop], arg)
+
+
+def _typed_view(flat, datatype, what):
+    """`flat`'s bytes viewed as `datatype`'s elements; None for a derived datatype."""
+    dtype = _dtype_of(datatype)
+    if dtype is None:
+        return None
+    raw = flat.view(numpy.uint8)
+    if raw.nbytes % dtype.itemsize:
+        raise CollectiveError(
+            f"{what}: {raw.nbytes} bytes is not a whole number of {_datatype_name(datatype)} elements")
+    return raw.view(dtype)
 
 
 def writable(buf, what):

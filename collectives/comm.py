@@ -11,11 +11,13 @@ import numpy
 from mpi4py import MPI
 
 from collectives import algorithms, settings, stall
+from collectives.algorithms import device as device_algorithm
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import parse, writable
 from collectives.device import PinnedPool, Staging, synchronize
 from collectives.errors import CollectiveError, MismatchError, install_abort_hook
 from collectives.events import Name, finished, reported, started, with_label
+from collectives.intranode.ipc import NodeIpc
 from collectives.intranode.shm import SharedWindows
 from collectives.ops import computes, native_reduces, op_name, supports
 from collectives.progress import Progress
@@ -32,17 +34,19 @@ class Call:
 
     `staging` is set when device buffers stand behind the host views; `computed` is False when only
     native MPI can do the work (which, staged, it does on the host views rather than the user's buffers).
+    `device` is set when send and recv are device views that collectives.algorithms.device reduces directly.
     """
 
     __slots__ = ("kind", "send", "recv", "send_spec", "recv_spec", "op", "op_name", "root", "nbytes",
-                 "staging", "computed")
+                 "staging", "computed", "device")
 
-    def __init__(self, kind, send, recv, send_spec, recv_spec, op, name, root, staging=None, computed=True):
+    def __init__(self, kind, send, recv, send_spec, recv_spec, op, name, root, staging=None, computed=True,
+                 device=None):
         self.kind, self.send, self.recv = kind, send, recv
         self.send_spec, self.recv_spec = send_spec, recv_spec
         self.op, self.op_name, self.root = op, name, root
         self.nbytes = (send if send is not None else recv).nbytes
-        self.staging, self.computed = staging, computed
+        self.staging, self.computed, self.device = staging, computed, device
 
 
 _NATIVE_ON_HOST = object()  # _offload's answer for device buffers whose call native MPI must make
@@ -216,6 +220,8 @@ class Comm(MPI.Intracomm):
         self.shm = SharedWindows(node_comm)
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
+        self.device_ipc = NodeIpc(node_comm) if settings.device_path() == "direct" else None
+        self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
@@ -259,6 +265,8 @@ class Comm(MPI.Intracomm):
         if getattr(self, "_ready", False):
             self.progress.stop()
             self.shm.free()
+            if self.device_ipc is not None:
+                self.device_ipc.free()
             self.node_topology.free()
             self.private.Free()
             self._ready = False
@@ -292,7 +300,8 @@ class Comm(MPI.Intracomm):
         if send is None:
             raise CollectiveError("sendbuf is required (or MPI.IN_PLACE at the root)")
         staging = None
-        if send.device is not None or (recv is not None and recv.device is not None):
+        device = device_algorithm.direct(self, kind, send, recv, op)
+        if device is None and (send.device is not None or (recv is not None and recv.device is not None)):
             staging = Staging(self.pinned)
             if recv is not None and recv.device is not None:
                 recv.array = staging.host(recv.device, copy_in=send is recv, copy_out=True)
@@ -316,7 +325,7 @@ class Comm(MPI.Intracomm):
         if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array,
-                    sendbuf, recvbuf, op, name, root, staging, computed)
+                    sendbuf, recvbuf, op, name, root, staging, computed, device)
 
     def _reduction_call(self, kind, sendbuf, recvbuf, op, root):
         fast = self._fast
@@ -349,14 +358,15 @@ class Comm(MPI.Intracomm):
         if receives:
             writable(target, "buffer")
         staging = None
-        if target.device is not None:
+        device = device_algorithm.direct(self, "bcast", None, target, None)
+        if device is None and target.device is not None:
             staging = Staging(self.pinned)
             target.array = staging.host(target.device, copy_in=not receives, copy_out=receives)
         if self.check:
             self._check_signature("bcast", target.array, MPI.OP_NULL, root)
         if target.array is None:
             return None
-        return Call("bcast", None, target.array, None, buf, None, None, root, staging)
+        return Call("bcast", None, target.array, None, buf, None, None, root, staging, device=device)
 
     def _offload(self, call, stream=None):
         """How a validated call runs: None when the wrapped MPI does it with the user's own arguments,
@@ -367,6 +377,8 @@ class Comm(MPI.Intracomm):
         """
         if call is None:
             return None
+        if call.device is not None:
+            return device_algorithm.start(self, call, stream)
         synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         dtype = (call.send if call.send is not None else call.recv).dtype
         compiled = call.op_name is not None and self.shm.compiled_applies(call.op_name, dtype)

@@ -8,7 +8,11 @@ import functools
 
 _LIBRARY_NAMES = ("libcuda.so.1", "libcuda.so", "libcuda.dylib")
 _CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
 _CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
+_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
+_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
 _CU_MEMORYTYPE_DEVICE = 2
 
 
@@ -51,3 +55,20 @@ def is_device_memory(pointer):
     if status != 0:
         raise RuntimeError(f"the CUDA driver could not say where pointer {pointer:#x} lives (CUresult {status})")
     return memory_type.value == _CU_MEMORYTYPE_DEVICE or bool(managed.value)
+
+
+def allocation(pointer):
+    """(start, buffer id, device ordinal, IPC capable) of the device allocation holding `pointer`.
+
+    The buffer id is unique to an allocation for the life of the process, unlike its address, which a
+    later allocation may reuse; memory from cudaMallocAsync pools is not CUDA-IPC capable.
+    """
+    wanted = (_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _CU_POINTER_ATTRIBUTE_BUFFER_ID,
+              _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
+    values = [ctypes.c_uint64(0) for _ in wanted]  # wide enough for each; the int-sized ones fill the low half
+    data = (ctypes.c_void_p * len(wanted))(*(ctypes.addressof(v) for v in values))
+    status = _driver().cuPointerGetAttributes(len(wanted), (ctypes.c_int * len(wanted))(*wanted), data, pointer)
+    if status != 0:
+        raise RuntimeError(f"the CUDA driver could not describe the allocation of {pointer:#x} (CUresult {status})")
+    start, buffer_id, ordinal, capable = (v.value for v in values)
+    return start, buffer_id, ordinal & 0xFFFFFFFF, bool(capable & 0xFFFFFFFF)

@@ -8,10 +8,12 @@ like any host buffer. Managed memory is staged like device memory: the driver's 
 the CPU may not touch managed memory while a kernel runs, and they cost no more than the page faults
 a host access would take. DLPack exporters say where they live themselves (CUDA or CUDA managed).
 
-A device buffer is viewed as a flat numba device array without a copy; a producer stream named by the
+A device buffer is viewed as a flat numba device array without a copy (or as itself, for the kinds of
+device arrays registered with collectives.devices); a producer stream named by the
 interface (v3) is synchronised before its memory is read, on the device and on the host alike.
 
-This build has no CUDA-aware transport yet, so a device buffer never reaches MPI: the call runs on
+A device buffer never reaches MPI: inside a node the collectives reduce it on the devices
+(collectives.algorithms.device), and otherwise, or with SCAFFE_DEVICE_PATH=staged, the call runs on
 pinned host copies (device-to-host before, host-to-device after), with the same algorithm selection a
 host call of that size gets. That is what keeps a non-CUDA-aware MPI from dereferencing device
 pointers, the crash a plain mpi4py program hits.
@@ -20,7 +22,7 @@ import threading
 
 import numpy
 
-from collectives import cuda_driver
+from collectives import cuda_driver, devices
 from collectives.errors import CollectiveError
 
 _DLPACK_CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
@@ -34,7 +36,7 @@ def is_device_buffer(obj):
     """Whether `obj`'s memory must be staged: device or managed memory; False for every host buffer."""
     if isinstance(obj, numpy.ndarray):
         return False  # numba's mapped and managed arrays among them: the host addresses them
-    if _is_numba_array(obj):
+    if _is_numba_array(obj) or devices.find_registered(obj) is not None:
         return True
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
@@ -85,6 +87,8 @@ def synchronize(stream):
 
 def flat_device_view(obj, what):
     """A 1-D numba device array over `obj`'s memory (no copy); non-contiguous data is an error."""
+    if devices.find_registered(obj) is not None:
+        return obj.reshape(obj.size)  # a registered kind of device array is its own flat view
     from kernels.numba_cuda import as_device_array
     if not hasattr(obj, "__cuda_array_interface__") and not _is_numba_array(obj) and hasattr(obj, "__dlpack__"):
         obj = _from_dlpack(obj, what)
@@ -107,6 +111,17 @@ def _from_dlpack(obj, what):
 def is_read_only(obj):
     interface = getattr(obj, "__cuda_array_interface__", None)
     return bool(interface and interface["data"][1])
+
+
+def _wait_for_streams(devices):
+    """Synchronise the streams the copies of `devices` were queued on: numba's arrays carry the stream (0:
+    numba copied synchronously); other registered kinds of device arrays copy synchronously."""
+    waited = set()
+    for device in devices:
+        stream = getattr(device, "stream", 0)
+        if stream and id(stream) not in waited:
+            waited.add(id(stream))
+            stream.synchronize()
 
 
 class PinnedPool:
@@ -155,14 +170,20 @@ class Staging:
         return array
 
     def copy_in(self):
+        """Device to host, done when it returns: a view of an array that names its producer's stream (a
+        cupy array) copies asynchronously on that stream (numba's rule), after the producer's work."""
         for device, array in self._inputs:
             if device.size:
                 device.copy_to_host(array)
+        _wait_for_streams(device for device, _ in self._inputs)
 
     def copy_out(self):
+        """Host to device, done when it returns: the pinned buffers go back to the pool for other calls
+        right after, and the caller's next work on its stream must see the result."""
         for array, device in self._outputs:
             if device.size:
                 device.copy_to_device(array)
+        _wait_for_streams(device for _, device in self._outputs)
 
     def release(self):
         """Give the pinned buffers back to the pool (after copy_out)."""

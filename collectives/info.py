@@ -3,31 +3,13 @@
 Prints the MPI library, the node topology, each rank's host, local rank and GPU, whether the MPI
 library is CUDA-aware, and which algorithm the selection table picks for a few message sizes.
 """
-import ctypes
-import os
 import socket
 
 from mpi4py import MPI
 
 from collectives import algorithms, settings
+from collectives.algorithms.device_pipeline import cuda_aware
 from collectives.comm import Comm
-
-
-def cuda_aware():
-    """(is the MPI library CUDA-aware, how we know). SCAFFE_CUDA_AWARE=0|1 overrides the detection."""
-    forced = settings.cuda_aware_override()
-    if forced is not None:
-        return forced, "SCAFFE_CUDA_AWARE"
-    try:  # MPICH 4, Open MPI 4+ and MVAPICH2-GDR export it; mpi4py loads libmpi with global symbols
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
-    except (AttributeError, OSError):
-        query = None
-    if query is not None:
-        query.restype = ctypes.c_int
-        return bool(query()), "MPIX_Query_cuda_support()"
-    if os.environ.get("MV2_USE_CUDA") == "1":
-        return True, "MV2_USE_CUDA=1"
-    return False, "the library has no MPIX_Query_cuda_support"
 
 
 def gpu_count():
@@ -58,9 +40,8 @@ def main():
     if comm.Get_rank() == 0:
         print(f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"topology: {topology}")
-        # Even a CUDA-aware library gets host memory for now: this build has no device transport yet.
-        print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({why}); device buffers are staged "
-              f"through pinned host memory")
+        print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({why}); the leaders' device chunks go to MPI "
+              f"{'directly' if aware else 'through pinned host memory'}")
         for rank, host, local, gpu, gpus in everyone:
             where = f"GPU {gpu} of {gpus}" if gpu is not None else "no GPU"
             print(f"rank {rank}: host {host}, local rank {local}, {where}")

@@ -21,9 +21,15 @@ SCAFFE_STALL_S          seconds >= 0        60                    abort with a r
                                                                   this long; 0: off (stall_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
 SCAFFE_CUDA_AWARE       0 or 1              unset: detected       whether the MPI library takes device buffers, in
-                                            (collectives.info)    place of the detection (cuda_aware_override)
+                                            (algorithms.          place of the detection; 1: the leaders' device
+                                            device_pipeline)      pipeline hands MPI device chunks, 0: pinned host
+                                                                  copies of them (cuda_aware_override)
 SCAFFE_ABORT_ON_ERROR   0 or 1              1                     whether making a Comm installs the abort hook
                                                                   (abort_on_error)
+SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers: reduced in place on the devices
+                                                                  (IPC inside a node), or copied whole to pinned
+                                                                  host memory and back around the host path
+                                                                  (device_path)
 
 scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log.
 """
@@ -87,6 +93,14 @@ def cuda_aware_override():
 def abort_on_error():
     """SCAFFE_ABORT_ON_ERROR: whether making a Comm installs the abort hook (`collectives.install_abort_hook`)."""
     return switch("SCAFFE_ABORT_ON_ERROR", True)
+
+
+def device_path():
+    """SCAFFE_DEVICE_PATH, lower-cased: "direct" or "staged"."""
+    path = os.environ.get("SCAFFE_DEVICE_PATH", "").strip().lower() or "direct"
+    if path not in ("direct", "staged"):
+        raise ValueError(f"SCAFFE_DEVICE_PATH must be direct or staged, got {path!r}")
+    return path
 
 
 def positive_int(name, default=None):

@@ -10,60 +10,64 @@ kept to one small block.
 """
 from kernels.numba_cuda import SIMULATED, cuda
 
+# The combining functions are inlined into the kernel in Numba's IR (inline="always"), so compiling the
+# kernel for a named compute capability needs no device: a called device function would ask the current
+# device for its compute capability (kernels/cuda_sources.py lists the kernel for CI's compile check).
 
-@cuda.jit(device=True)
+
+@cuda.jit(device=True, inline="always")
 def _sum(x, y):
     return x + y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _prod(x, y):
     return x * y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _min(x, y):
     # numpy.minimum propagates NaN from either side; x != x is true only for NaN.
     return x if (x < y or x != x) else y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _max(x, y):
     return x if (x > y or x != x) else y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _band(x, y):
     return x & y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _bor(x, y):
     return x | y
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _bxor(x, y):
     return x ^ y
 
 
 # MPI's logical ops yield 0 or 1 in the operand type; the result is stored through `out`'s dtype.
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _land(x, y):
     return 1 if (x != 0 and y != 0) else 0
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _lor(x, y):
     return 1 if (x != 0 or y != 0) else 0
 
 
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _lxor(x, y):
     return 1 if ((x != 0) != (y != 0)) else 0
 
 
-_OPS = {"sum": _sum, "prod": _prod, "min": _min, "max": _max, "band": _band, "bor": _bor,
+OPS = {"sum": _sum, "prod": _prod, "min": _min, "max": _max, "band": _band, "bor": _bor,
         "bxor": _bxor, "land": _land, "lor": _lor, "lxor": _lxor}
 _kernels = {}
 
@@ -71,9 +75,10 @@ _THREADS = 256
 _MAX_BLOCKS = 1024  # enough resident blocks to fill an H100's 132 SMs several times over
 
 
-def _kernel(op):
+def kernel(op):
+    """The fused reduce kernel for `op`, one per op (numba specialises it per dtype and K)."""
     if op not in _kernels:
-        combine = _OPS[op]
+        combine = OPS[op]
 
         @cuda.jit
         def reduce_kernel(out, inputs):
@@ -105,4 +110,4 @@ def reduce_into(out, inputs, op, stream=0):
             out.copy_to_device(inputs[0], stream=stream)
         return
     blocks, threads = _grid(n)
-    _kernel(op)[blocks, threads, stream](out, tuple(inputs))
+    kernel(op)[blocks, threads, stream](out, tuple(inputs))

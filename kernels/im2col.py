@@ -43,6 +43,40 @@ def _valid_range(tap_offset, stride, in_size, out_size):
 # LLVM from vectorizing the copies (unsigned indices made im2col 2.5-3x faster). Offsets are cast to
 # uint64 only once they are known to be non-negative; uint64 must not meet int64 in arithmetic (numba
 # would promote the pair to float64).
+@njit(cache=True, inline="always")
+def _zero_padding(col, dst, positions, ow, ylo, yhi, xlo, xhi, side_bands):
+    """Zeros only where the tap reads padding: whole output rows above/below, bands left/right."""
+    for q in range(dst, dst + ylo * ow):
+        col[uint64(q)] = 0
+    for q in range(dst + yhi * ow, dst + positions):
+        col[uint64(q)] = 0
+    if side_bands:
+        for oy in range(ylo, yhi):
+            d = dst + oy * ow
+            for q in range(d, d + xlo):
+                col[uint64(q)] = 0
+            for q in range(d + xhi, d + ow):
+                col[uint64(q)] = 0
+
+
+@njit(cache=True, inline="always")
+def _copy_window(x, col, s0, d0, ylo, yhi, nx, sh, sw, ustride, width, ow):
+    """Copies the pixels a tap sees into its output rows (inlined into the kernel at numba's IR level)."""
+    # The unit-stride case gets its own loop so LLVM sees a plain contiguous copy.
+    if sw == 1:
+        for oy in range(ylo, yhi):
+            d = uint64(d0 + oy * ow)
+            s = uint64(s0 + oy * sh * width)
+            for q in range(nx):
+                col[d + q] = x[s + q]
+    else:
+        for oy in range(ylo, yhi):
+            d = uint64(d0 + oy * ow)
+            s = uint64(s0 + oy * sh * width)
+            for q in range(nx):
+                col[d + q] = x[s + q * ustride]
+
+
 @njit(cache=True, nogil=True)
 def _im2col_rows(x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, col, first, last):
     taps = kh * kw
@@ -59,33 +93,9 @@ def _im2col_rows(x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, 
         side_bands = xlo > 0 or xhi < ow
         for n in range(n_img):
             dst = (row * n_img + n) * positions
-            # Zeros only where the tap reads padding: whole output rows above/below, bands left/right.
-            for q in range(dst, dst + ylo * ow):
-                col[uint64(q)] = 0
-            for q in range(dst + yhi * ow, dst + positions):
-                col[uint64(q)] = 0
-            if side_bands:
-                for oy in range(ylo, yhi):
-                    d = dst + oy * ow
-                    for q in range(d, d + xlo):
-                        col[uint64(q)] = 0
-                    for q in range(d + xhi, d + ow):
-                        col[uint64(q)] = 0
-            d0 = dst + xlo
+            _zero_padding(col, dst, positions, ow, ylo, yhi, xlo, xhi, side_bands)
             s0 = (n * channels + c) * plane + ti * width + tj + xlo * sw
-            # The unit-stride case gets its own loop so LLVM sees a plain contiguous copy.
-            if sw == 1:
-                for oy in range(ylo, yhi):
-                    d = uint64(d0 + oy * ow)
-                    s = uint64(s0 + oy * sh * width)
-                    for q in range(nx):
-                        col[d + q] = x[s + q]
-            else:
-                for oy in range(ylo, yhi):
-                    d = uint64(d0 + oy * ow)
-                    s = uint64(s0 + oy * sh * width)
-                    for q in range(nx):
-                        col[d + q] = x[s + q * ustride]
+            _copy_window(x, col, s0, dst + xlo, ylo, yhi, nx, sh, sw, ustride, width, ow)
 
 
 @njit(cache=True, nogil=True)

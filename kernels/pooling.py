@@ -12,6 +12,7 @@ faster than loops with run-time bounds. Arrays are indexed with unsigned integer
 numba's negative-index wraparound check in the inner loops (see im2col.py). The GPU twins in
 kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
 """
+import functools
 import math
 
 import numpy
@@ -40,10 +41,43 @@ def pooled_size(size, kernel, pad, stride, ceil_mode=True):
     return out
 
 
-def _make_kernels(fixed_kh, fixed_kw):
-    """(max_forward, ave_forward, ave_backward) kernels; fixed_kh/kw > 0 compile the window size in
-    (numba treats closure variables as constants), 0 reads it from the arguments."""
+# Windows that the image edge cuts: their bounds are clipped at run time. These helpers are inlined into
+# the kernels at numba's IR level; the windows inside the image (the hot path, unrolled when the size is
+# compiled in) are written out in the kernels themselves.
+@njit(cache=True, inline="always")
+def _max_clipped(x, src, height, width, hs, ws, kh, kw):
+    """(largest value, its flat index in the plane) of a clipped window; ties go to the first, as in Caffe."""
+    best = -numpy.inf
+    arg = -1
+    for h in range(max(hs, 0), min(hs + kh, height)):
+        for w in range(max(ws, 0), min(ws + kw, width)):
+            v = x[uint64(src + h * width + w)]
+            if v > best:
+                best = v
+                arg = h * width + w
+    return best, arg
 
+
+@njit(cache=True, inline="always")
+def _sum_clipped(x, src, height, width, hs, ws, he, we):
+    acc = 0.0
+    for h in range(max(hs, 0), min(he, height)):
+        for w in range(max(ws, 0), min(we, width)):
+            acc += x[uint64(src + h * width + w)]
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _spread_clipped(dx, dst, height, width, hs, ws, he, we, g):
+    for h in range(max(hs, 0), min(he, height)):
+        for w in range(max(ws, 0), min(we, width)):
+            dx[uint64(dst + h * width + w)] += g
+
+
+# Each factory compiles its kernel for one window size: fixed_kh/kw > 0 compile the size in (numba
+# treats closure variables as constants), 0 reads it from the arguments. Cached: one kernel per size.
+@functools.cache
+def _max_forward_kernel(fixed_kh, fixed_kw):
     @njit(cache=True, nogil=True)
     def max_forward(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, mask, first, last):
         if fixed_kh > 0:
@@ -70,18 +104,16 @@ def _make_kernels(fixed_kh, fixed_kw):
                                     best = v
                                     arg = row + j
                     else:
-                        best = -numpy.inf
-                        arg = -1
-                        for h in range(max(hs, 0), min(hs + kh, height)):
-                            for w in range(max(ws, 0), min(ws + kw, width)):
-                                v = x[uint64(src + h * width + w)]
-                                if v > best:
-                                    best = v
-                                    arg = h * width + w
+                        best, arg = _max_clipped(x, src, height, width, hs, ws, kh, kw)
                     out = uint64(dst + py * ow + px)
                     top[out] = best
                     mask[out] = arg
 
+    return max_forward
+
+
+@functools.cache
+def _ave_forward_kernel(fixed_kh, fixed_kw):
     @njit(cache=True, nogil=True)
     def ave_forward(x, height, width, kh, kw, ph, pw, sh, sw, oh, ow, top, first, last):
         if fixed_kh > 0:
@@ -97,8 +129,8 @@ def _make_kernels(fixed_kh, fixed_kw):
                 he = min(hs + kh, height + ph)
                 for px in range(ow):
                     ws = px * sw - pw
-                    acc = 0.0
                     if hs >= 0 and ws >= 0 and hs + kh <= height and ws + kw <= width:
+                        acc = 0.0
                         for i in range(kh):
                             at = uint64(src + (hs + i) * width + ws)
                             for j in range(kw):
@@ -106,11 +138,14 @@ def _make_kernels(fixed_kh, fixed_kw):
                         top[uint64(dst + py * ow + px)] = acc / (kh * kw)
                     else:
                         we = min(ws + kw, width + pw)
-                        for h in range(max(hs, 0), min(he, height)):
-                            for w in range(max(ws, 0), min(we, width)):
-                                acc += x[uint64(src + h * width + w)]
+                        acc = _sum_clipped(x, src, height, width, hs, ws, he, we)
                         top[uint64(dst + py * ow + px)] = acc / ((he - hs) * (we - ws))
 
+    return ave_forward
+
+
+@functools.cache
+def _ave_backward_kernel(fixed_kh, fixed_kw):
     @njit(cache=True, nogil=True)
     def ave_backward(dtop, height, width, kh, kw, ph, pw, sh, sw, oh, ow, dx, first, last):
         if fixed_kh > 0:
@@ -137,21 +172,14 @@ def _make_kernels(fixed_kh, fixed_kw):
                     else:
                         we = min(ws + kw, width + pw)
                         g = dtop[uint64(src + py * ow + px)] / ((he - hs) * (we - ws))
-                        for h in range(max(hs, 0), min(he, height)):
-                            for w in range(max(ws, 0), min(we, width)):
-                                dx[uint64(dst + h * width + w)] += g
+                        _spread_clipped(dx, dst, height, width, hs, ws, he, we, g)
 
-    return max_forward, ave_forward, ave_backward
+    return ave_backward
 
 
-_KERNELS = {}
-
-
-def _kernels(kh, kw):
-    key = (kh, kw) if (kh, kw) in SPECIALIZED_WINDOWS else (0, 0)
-    if key not in _KERNELS:
-        _KERNELS[key] = _make_kernels(*key)
-    return _KERNELS[key]
+def _fixed_window(kh, kw):
+    """The window size a kernel compiles in: the size itself if specialized, else (0, 0) (generic)."""
+    return (kh, kw) if (kh, kw) in SPECIALIZED_WINDOWS else (0, 0)
 
 
 @njit(cache=True, nogil=True)
@@ -195,7 +223,7 @@ def max_pool_forward(x, kernel, pad, stride, out_size, top=None, mask=None):
     x = xp.ascontiguousarray(x)
     if xp is numpy:
         args = (x.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(top, "top"), _flat(mask, "mask"))
-        run_split(_kernels(kh, kw)[0], args, n_img * channels, x.size)
+        run_split(_max_forward_kernel(*_fixed_window(kh, kw)), args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.max_forward(x, kh, kw, ph, pw, sh, sw, oh, ow, top, mask)
@@ -235,7 +263,7 @@ def ave_pool_forward(x, kernel, pad, stride, out_size, top=None):
     x = xp.ascontiguousarray(x)
     if xp is numpy:
         args = (x.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(top, "top"))
-        run_split(_kernels(kh, kw)[1], args, n_img * channels, x.size)
+        run_split(_ave_forward_kernel(*_fixed_window(kh, kw)), args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.ave_forward(x, kh, kw, ph, pw, sh, sw, oh, ow, top)
@@ -254,7 +282,7 @@ def ave_pool_backward(dtop, kernel, pad, stride, image_shape, dx=None):
     dtop = xp.ascontiguousarray(dtop)
     if xp is numpy:
         args = (dtop.reshape(-1), height, width, kh, kw, ph, pw, sh, sw, oh, ow, _flat(dx, "dx"))
-        run_split(_kernels(kh, kw)[2], args, n_img * channels, dx.size)
+        run_split(_ave_backward_kernel(*_fixed_window(kh, kw)), args, n_img * channels, dx.size)
     else:
         from kernels import _pooling_gpu
         _pooling_gpu.ave_backward(dtop, kh, kw, ph, pw, sh, sw, dx)

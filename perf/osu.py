@@ -6,14 +6,15 @@ ranks (Min, Max). `--impl both` measures the wrapped MPI and scaffe in the same 
 rounds (ROUNDS) so that drifting machine load hits both alike, and adds their ratio. The bandwidth floor is
 numpy combining the same number of buffers on one core, what the memory system allows.
 
-`-d cuda` puts the buffers on the GPU (numba device arrays). There `--impl staged` is the naive
-baseline a non-CUDA-aware MPI leaves a user with (copy to host, MPI on host memory, copy back), `native`
-hands MPI the device pointers (only with a CUDA-aware MPI, as `collectives.info.cuda_aware` finds or
-`SCAFFE_CUDA_AWARE=1` says: anything else would crash), and
-`both` compares staged with scaffe.
+`-d cuda` puts the buffers on the GPU as numba device arrays, `-d cupy` as cupy arrays. There `--impl
+staged` is scaffe's own staged device path (SCAFFE_DEVICE_PATH=staged: whole buffers through pinned host
+memory), the baseline the direct device path must beat, `native` hands MPI the device pointers (only with
+a CUDA-aware MPI, as `collectives.info.cuda_aware` finds or `SCAFFE_CUDA_AWARE=1` says: anything else
+would crash), and `both` compares staged with scaffe.
 """
 import argparse
 import functools
+import os
 import sys
 import time
 
@@ -22,13 +23,14 @@ from mpi4py import MPI
 
 import collectives
 from collectives.info import cuda_aware
+from kernels.backend import get_array_module
 
 DTYPES = {"float": (numpy.float32, "MPI_FLOAT"), "double": (numpy.float64, "MPI_DOUBLE"),
           "int": (numpy.int32, "MPI_INT"), "char": (numpy.int8, "MPI_CHAR")}
+DEVICES = ("cuda", "cupy")  # device buffers: numba device arrays, cupy arrays
 LARGE_MESSAGE = 8192  # OSU's boundary for fewer iterations
 # `--impl both` splits each size's iterations into rounds in the order AB BA AB BA: slow drifts in machine
-# load hit both alike, and so does whatever going first or second costs. With two rounds (AB AB), MPICH's
-# Bcast measured against itself on one communicator handle came out 0.86-0.98 from 1 to 16 MiB on 8 ranks.
+# load hit both alike, and so does whatever going first or second costs (perf/RESULTS.md).
 ROUNDS = 4
 
 
@@ -44,58 +46,47 @@ def parse_args(description, argv=None):
     p.add_argument("-x", "--warmup", type=int, default=None, help="untimed warm-up iterations per size")
     p.add_argument("-f", "--full", action="store_true", help="print Min, Max and Iterations too")
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
-    p.add_argument("-d", "--device", choices=["cpu", "cuda"], default="cpu", help="buffer location")
+    p.add_argument("-d", "--device", choices=["cpu", *DEVICES], default="cpu",
+                   help="buffer location: host, or the GPU as numba (cuda) or cupy arrays")
     p.add_argument("-T", "--type", choices=sorted(DTYPES), default="float", help="element type")
     p.add_argument("--impl", choices=["native", "staged", "scaffe", "both"], default="both",
-                   help="both: native (or staged, with -d cuda) and scaffe side by side")
+                   help="both: native (or staged, on the GPU) and scaffe side by side")
     p.add_argument("--alloc", action="store_true", help="scaffe uses comm.alloc (shared-memory) buffers")
     p.add_argument("--floor", action="store_true", help="add the single-core numpy bandwidth floor column")
     p.add_argument("--plot", metavar="FILE.png", help="draw latency against size")
     args = p.parse_args(argv)
     args.min_size, args.max_size = parse_size_range(args.message_size)
     if args.device == "cpu" and args.impl == "staged":
-        p.error("--impl staged is the host-staging baseline for -d cuda")
-    aware, why = cuda_aware() if args.device == "cuda" and args.impl == "native" else (True, "")
+        p.error("--impl staged is the host-staging baseline for -d cuda or -d cupy")
+    aware, why = cuda_aware() if args.device in DEVICES and args.impl == "native" else (True, "")
     if not aware:
         p.error(f"--impl native -d cuda hands device pointers to MPI, which crashes a non-CUDA-aware MPI "
                 f"(this one is not, by {why}); set SCAFFE_CUDA_AWARE=1 if it is, or use --impl staged")
-    if args.device == "cuda" and args.alloc:
-        p.error("--alloc gives host shared memory; it does not combine with -d cuda")
+    if args.device in DEVICES and args.alloc:
+        p.error("--alloc gives host shared memory; it does not combine with device buffers")
     return args
 
 
-class StagedComm:
-    """The naive way to use device buffers with a non-CUDA-aware MPI: copy to the host, call MPI, copy back."""
-
-    def __init__(self, comm):
-        self.comm = comm
-
-    def Get_rank(self):
-        return self.comm.Get_rank()
-
-    def Get_size(self):
-        return self.comm.Get_size()
-
-    def Reduce(self, send, recv, op=MPI.SUM, root=0):
-        host_recv = recv.copy_to_host() if recv is not None else None
-        self.comm.Reduce(send.copy_to_host(), host_recv, op=op, root=root)
-        if self.comm.Get_rank() == root:
-            recv.copy_to_device(host_recv)
-
-    def Allreduce(self, send, recv, op=MPI.SUM):
-        host_recv = recv.copy_to_host()
-        self.comm.Allreduce(send.copy_to_host(), host_recv, op=op)
-        recv.copy_to_device(host_recv)
-
-    def Bcast(self, buf, root=0):
-        host = buf.copy_to_host()
-        self.comm.Bcast(host, root=root)
-        buf.copy_to_device(host)
+def staged_comm(world):
+    """scaffe's Comm on its staged device path: SCAFFE_DEVICE_PATH is read when a Comm is made and set up."""
+    saved = os.environ.get("SCAFFE_DEVICE_PATH")
+    os.environ["SCAFFE_DEVICE_PATH"] = "staged"
+    try:
+        comm = collectives.Comm(world)
+        comm.describe()
+        return comm
+    finally:
+        if saved is None:
+            del os.environ["SCAFFE_DEVICE_PATH"]
+        else:
+            os.environ["SCAFFE_DEVICE_PATH"] = saved
 
 
 def on_host(buf):
     """A numpy view or copy of a benchmark buffer, wherever it lives."""
-    return buf if isinstance(buf, numpy.ndarray) else buf.copy_to_host()
+    if isinstance(buf, numpy.ndarray):
+        return buf
+    return buf.get() if get_array_module(buf) is not numpy else buf.copy_to_host()
 
 
 def sizes(args, itemsize):
@@ -186,13 +177,15 @@ def run(title, make_case, argv=None):
     rank = world.Get_rank()
     dtype, mpi_name = DTYPES[args.type]
     dtype = numpy.dtype(dtype)
-    baseline = "staged" if args.device == "cuda" else "native"
+    baseline = "staged" if args.device in DEVICES else "native"
     impls = [baseline, "scaffe"] if args.impl == "both" else [args.impl]
-    comms = {"native": world, "staged": StagedComm(world), "scaffe": fast}
+    comms = {"native": world, "scaffe": fast}
+    if "staged" in impls:
+        comms["staged"] = staged_comm(world)
     columns = output_columns(args, impls, baseline)
     rows = []
     if rank == 0:
-        print(f"# OSU MPI{'-CUDA' if args.device == 'cuda' else ''} {title} Latency Test (scaffe perf)")
+        print(f"# OSU MPI{'-CUDA' if args.device in DEVICES else ''} {title} Latency Test (scaffe perf)")
         print(f"# {world.Get_size()} ranks; topology: {topology}; datatype: {mpi_name}")
         print("# Size" + "".join(f"{title:>{width}}" for title, width, _ in columns), flush=True)
     for size in sizes(args, dtype.itemsize):
@@ -259,12 +252,30 @@ def _plain_buffers(count, dtype, value, device):
         from kernels.numba_cuda import cuda
         return (cuda.to_device(numpy.full(count, value, dtype=dtype)),
                 cuda.to_device(numpy.zeros(count, dtype=dtype)))
+    if device == "cupy":
+        import cupy
+        return cupy.full(count, value, dtype=dtype), cupy.zeros(count, dtype=dtype)
     return numpy.full(count, value, dtype=dtype), numpy.zeros(count, dtype=dtype)
+
+
+def case(call, result, expected, description, clear_result=True, check_result=True):
+    """(call, check) for `run`: check() zeroes `result` (if clear_result), makes one more call, and, if
+    check_result, raises AssertionError unless every element of `result` equals `expected`."""
+    def check():
+        if clear_result:
+            clear(result)
+        call()
+        if check_result:
+            got = on_host(result)
+            if got.size and not numpy.all(got == expected):
+                raise AssertionError(f"{description}: got {got[:4]}..., expected {expected}")
+
+    return call, check
 
 
 def clear(buf):
     """Zero a benchmark buffer, wherever it lives (a check's call must write every element it checks)."""
-    if isinstance(buf, numpy.ndarray):
-        buf[...] = 0
+    if isinstance(buf, numpy.ndarray) or get_array_module(buf) is not numpy:
+        buf.fill(0)
     else:
         buf.copy_to_device(numpy.zeros(buf.shape, buf.dtype))

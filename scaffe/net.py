@@ -19,6 +19,7 @@ from google.protobuf import text_format
 
 from scaffe import io as sio
 from scaffe.blob import Blob
+from scaffe.closing import Closing
 from scaffe.insert_splits import insert_splits
 from scaffe.layers import create_layer
 from scaffe.log import fmt, get_logger
@@ -93,7 +94,7 @@ class LearnableRecord:
 
 # ---------------------------------------------------------------- the net
 
-class Net:
+class Net(Closing):
     """A Caffe net for one phase.
 
     Construction: `Net(net_param, phase=None, stages=None, level=None, source=...)`. `phase`,
@@ -734,13 +735,6 @@ class Net:
             close = getattr(record.layer, "close", None)
             if callable(close):
                 close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
     def describe(self):
         """One line per layer: index, name, type, bottoms -> tops, backward flag (for debugging)."""

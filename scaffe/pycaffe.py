@@ -9,6 +9,7 @@ import os
 
 import numpy
 
+from scaffe.closing import Closing
 from scaffe.layers import known_types
 from scaffe.net import Net as _CoreNet
 from scaffe.proto import caffe_pb2
@@ -142,7 +143,7 @@ def _net_arguments(args, weights, phase):
     return weights, TEST if phase is None else phase
 
 
-class Net:
+class Net(Closing):
     """A net made from a prototxt file, with pycaffe's interface.
 
     `Net(network_file, phase)`, `Net(network_file, weights, phase)` or
@@ -303,17 +304,10 @@ class Net:
         """Stops the data readers and closes the databases of this net."""
         self._net.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 # ---------------------------------------------------------------- solvers
 
-class Solver:
+class Solver(Closing):
     """A solver made from a solver prototxt, with pycaffe's interface: `net`, `test_nets`, `iter`,
     `step(n)`, `solve()`, `snapshot()`, `restore(path)`. Its nets are made in the current mode, and
     its test nets share the training net's weights from the start.
@@ -364,13 +358,6 @@ class Solver:
 
     def close(self):
         self._solver.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class SGDSolver(Solver):

@@ -161,29 +161,42 @@ class Timeline(SolverCallback):
 
     def trace_events(self):
         """This rank's Chrome trace events: pid = rank, microseconds since `start()`."""
-        pid = self.rank
         names = [layer.name for layer in self.net.layers]
+        collectives, lane_count = self._collective_events(names)
+        return self._process_events() + self._compute_events(names) + collectives + self._track_events(lane_count)
 
-        def complete(name, cat, tid, start, end, **args):
-            # Both ends rounded alike, so slices that follow each other never overlap by a rounding.
-            ts, te = round((start - self.origin) * 1e6, 3), round((end - self.origin) * 1e6, 3)
-            event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": round(te - ts, 3)}
-            if args:
-                event["args"] = args
-            return event
+    def _event(self, name, cat, tid, start, end, **args):
+        """One complete ("X") event from perf_counter times."""
+        # Both ends rounded alike, so slices that follow each other never overlap by a rounding.
+        ts, te = round((start - self.origin) * 1e6, 3), round((end - self.origin) * 1e6, 3)
+        event = {"name": name, "cat": cat, "ph": "X", "pid": self.rank, "tid": tid, "ts": ts, "dur": round(te - ts, 3)}
+        if args:
+            event["args"] = args
+        return event
 
-        out = [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"rank {pid} ({socket.gethostname()})"}},
-               {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
-        for iteration, start, end in self._iterations:
-            out.append(complete(f"iteration {iteration}", "iteration", ITERATIONS, start, end))
-        for layer_id, phase, start, end in self._layers:
-            out.append(complete(names[layer_id], phase, COMPUTE_TRACK, start, end, layer=layer_id))
-        for start, end in self._updates:
-            out.append(complete("update", "update", COMPUTE_TRACK, start, end))
+    def _process_events(self):
+        pid = self.rank
+        title = f"rank {pid} ({socket.gethostname()})"
+        return [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": title}},
+                {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}]
+
+    def _compute_events(self, names):
+        """Iterations, layers, updates and waits."""
+        out = [self._event(f"iteration {iteration}", "iteration", ITERATIONS, start, end)
+               for iteration, start, end in self._iterations]
+        out += [self._event(names[layer_id], phase, COMPUTE_TRACK, start, end, layer=layer_id)
+                for layer_id, phase, start, end in self._layers]
+        out += [self._event("update", "update", COMPUTE_TRACK, start, end) for start, end in self._updates]
         for what, layer, start, end in self._waits:
             name = names[layer] if isinstance(layer, int) else layer
             label = f"wait {what}" + (f" ({name})" if name else "")
-            out.append(complete(label, "wait", DATA if what == "data" else COMPUTE_TRACK, start, end, waits_for=what))
+            out.append(self._event(label, "wait", DATA if what == "data" else COMPUTE_TRACK, start, end,
+                                   waits_for=what))
+        return out
+
+    def _collective_events(self, names):
+        """(events, number of lanes): overlapping collectives go to separate lanes (tracks)."""
+        out = []
         lanes = []  # end time of the last collective in each lane
         for name, nbytes, start, end in sorted(self._collectives, key=lambda op: op[2]):
             carries, layers = name.label if getattr(name, "label", None) else (None, ())
@@ -196,10 +209,16 @@ class Timeline(SolverCallback):
             args = {"bytes": nbytes}
             if carries:
                 args.update(carries=carries, layers=[names[i] for i in layers])
-            out.append(complete(title, "collective", COLLECTIVES + min(lane, _MAX_LANES - 1), start, end, **args))
+            out.append(self._event(title, "collective", COLLECTIVES + min(lane, _MAX_LANES - 1), start, end, **args))
+        return out, len(lanes)
+
+    def _track_events(self, lane_count):
+        """Names and order of the tracks (threads in the trace viewer)."""
+        pid = self.rank
         tracks = dict(TRACK_NAMES)
-        for lane in range(1, min(len(lanes), _MAX_LANES)):
+        for lane in range(1, min(lane_count, _MAX_LANES)):
             tracks[COLLECTIVES + lane] = f"collectives {lane + 1}"
+        out = []
         for tid, name in tracks.items():
             out.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
             out.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})

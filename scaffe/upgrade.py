@@ -267,41 +267,40 @@ def _upgrade_v1_net(net, source):
     return complete
 
 
+# V1 fields copied as they are, and V1's per-blob lists that become a field of each blob's ParamSpec
+# (V1 and ParamSpec number STRICT/PERMISSIVE alike).
+_V1_LISTS = ("bottom", "top", "include", "exclude", "blobs", "loss_weight")
+_V1_PARAM_SPEC_FIELDS = {"param": "name", "blob_share_mode": "share_mode", "blobs_lr": "lr_mult",
+                         "weight_decay": "decay_mult"}
+
+
 def _upgrade_v1_layer(old, source):
     layer = caffe_pb2.LayerParameter()
     complete = True
-
-    def spec(i):
-        while len(layer.param) <= i:
-            layer.param.add()
-        return layer.param[i]
-
     for field, value in old.ListFields():
         name = field.name
-        if name in ("bottom", "top", "include", "exclude", "blobs", "loss_weight"):
+        if name in _V1_LISTS:
             getattr(layer, name).extend(value)
+        elif name in _V1_PARAM_SPEC_FIELDS:
+            _set_param_specs(layer, _V1_PARAM_SPEC_FIELDS[name], value)
         elif name == "name":
             layer.name = value
         elif name == "type":
             layer.type = V1_LAYER_TYPES[value]
-        elif name == "param":
-            for i, v in enumerate(value):
-                spec(i).name = v
-        elif name == "blob_share_mode":
-            for i, v in enumerate(value):
-                spec(i).share_mode = v  # V1 and ParamSpec number STRICT/PERMISSIVE alike
-        elif name == "blobs_lr":
-            for i, v in enumerate(value):
-                spec(i).lr_mult = v
-        elif name == "weight_decay":
-            for i, v in enumerate(value):
-                spec(i).decay_mult = v
         elif name == "layer":
             log.error("%s: layer '%s' still holds a V0 layer definition; ignored", source, old.name)
             complete = False
         else:  # every other V1 field is a *_param message of the same name
             getattr(layer, name).CopyFrom(value)
     return layer, complete
+
+
+def _set_param_specs(layer, spec_field, values):
+    """Sets `spec_field` of the i-th ParamSpec to values[i], adding ParamSpecs as needed."""
+    for i, v in enumerate(values):
+        while len(layer.param) <= i:
+            layer.param.add()
+        setattr(layer.param[i], spec_field, v)
 
 
 # ------------------------------------------------ fields of current-format nets

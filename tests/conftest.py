@@ -38,6 +38,8 @@ def _forget_cupy():
     for name in [n for n in sys.modules if n == "cupy" or n.startswith("cupy.")]:
         del sys.modules[name]
     import kernels
+    import kernels.cuda_sources
+    kernels.cuda_sources._raw_kernels.clear()  # RawKernels of the cupy module being forgotten
     for name in ("_im2col_gpu", "_pooling_gpu"):
         sys.modules.pop(f"kernels.{name}", None)
         kernels.__dict__.pop(name, None)  # `from kernels import _im2col_gpu` reads the attribute first

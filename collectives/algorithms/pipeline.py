@@ -39,10 +39,7 @@ def reduce(comm, own, out, op, parent, children, chunk, scratch):
     dtype = own.dtype
     pieces = chunk_slices(own.shape[0], chunk)
     if not children:
-        if parent is not None:
-            MPI.Request.Waitall([comm.Isend(own[s], parent, _TAG) for s in pieces])
-        elif out is not own:
-            out[:] = own
+        _reduce_leaf(comm, own, out, parent, pieces)
         return
     depth = 2  # double buffering: chunk c+1 lands while chunk c is reduced
     inbox = [[scratch.get(("in", i, d), chunk * dtype.itemsize, dtype) for d in range(depth)]
@@ -73,6 +70,14 @@ def reduce(comm, own, out, op, parent, children, chunk, scratch):
         if parent is not None:
             sends[c % depth] = comm.Isend(target, parent, _TAG)
     MPI.Request.Waitall([r for r in sends if r is not None])
+
+
+def _reduce_leaf(comm, own, out, parent, pieces):
+    """A rank without children sends its own chunks up, or (a tree of one) copies them to out."""
+    if parent is not None:
+        MPI.Request.Waitall([comm.Isend(own[s], parent, _TAG) for s in pieces])
+    elif out is not own:
+        out[:] = own
 
 
 def bcast(comm, buf, parent, children, chunk, on_chunk=None):

@@ -4,6 +4,7 @@ Reads its shard of the database (layer attributes `shard_rank`/`shard_count`, se
 scaffe.data.layer_support) in key order from record 0 at creation, wrapping around, like Caffe.
 Tops: data (N x C x H x W float32) and, optionally, label (N,).
 """
+import os
 import weakref
 
 import numpy
@@ -35,14 +36,26 @@ class DataLayer(Layer):
             raise ValueError(f"{where}: data_param.batch_size must be positive")
         self.batch_size = int(p.batch_size)
         self.source = resolve_source(self, p.source)
+        self.database = self._open(p.backend, where)
+        self.transformer = DataTransformer(self.param.transform_param, self.phase, rng=None)
+        self.output_labels = len(top) > 1
+        self.sample_shape = self._first_sample_shape()
+        top[0].reshape((self.batch_size,) + self.sample_shape)
+        if self.output_labels:
+            top[1].reshape((self.batch_size,))
+        self.prefetch_depth = max(1, int(p.prefetch))
+        self._prefetcher = None
+        self._cursor = None
+
+    def _open(self, backend, where):
+        """The LMDB at self.source; an error that says what to do for anything else."""
         kind = database_kind(self.source)
         # An LMDB is read whatever `backend` says: the proto's default is LEVELDB, and nets that
         # forget `backend: LMDB` should not fail on a database we can read.
         if kind is None:
-            import os
             if not os.path.exists(self.source):
                 raise FileNotFoundError(f"{where}: data source {self.source!r} does not exist")
-            if p.backend == caffe_pb2.DataParameter.LEVELDB:
+            if backend == caffe_pb2.DataParameter.LEVELDB:
                 raise ValueError(f"{where}: {self.source!r} is not an LMDB and LevelDB is not supported; "
                                  "convert the data to LMDB")
             raise ValueError(f"{where}: {self.source!r} is not an LMDB database (no data.mdb inside)")
@@ -50,16 +63,20 @@ class DataLayer(Layer):
             raise ValueError(f"{where}: {self.source!r} is a LevelDB database, which scaffe does not read; "
                              "convert it to LMDB (e.g. Caffe's convert_imageset --backend=lmdb)")
         try:
-            self.database = open_database(self.source)
+            database = open_database(self.source)
         except (OSError, ValueError) as e:
             raise type(e)(f"{where}: {e}") from None
-        if len(self.database) == 0:
+        if len(database) == 0:
             raise ValueError(f"{where}: database {self.source!r} is empty")
-        self.transformer = DataTransformer(self.param.transform_param, self.phase, rng=None)
-        self.output_labels = len(top) > 1
-        # Shape the tops from the first record, as Caffe does, and put it through the transformer
-        # so a record or transform_param that cannot work fails here, not at its first batch. The
-        # reader starts later so the net can still set shard_rank/shard_count after setup.
+        return database
+
+    def _first_sample_shape(self):
+        """Transformed shape of the first record, as Caffe shapes the tops.
+
+        The record goes through the transformer so a record or transform_param that cannot work fails
+        here, not at its first batch. The reader starts later so the net can still set
+        shard_rank/shard_count after setup.
+        """
         with self.database.env.begin(buffers=False) as txn:
             key, first = next(iter(txn.cursor()))
         try:
@@ -70,13 +87,7 @@ class DataLayer(Layer):
             self.transformer.transform(sample)
         except ValueError as e:
             raise ValueError(f"{self.source}: {_record_error(key, e)}") from None
-        self.sample_shape = self.transformer.output_shape(sample.shape)
-        top[0].reshape((self.batch_size,) + self.sample_shape)
-        if self.output_labels:
-            top[1].reshape((self.batch_size,))
-        self.prefetch_depth = max(1, int(p.prefetch))
-        self._prefetcher = None
-        self._cursor = None
+        return self.transformer.output_shape(sample.shape)
 
     def _start(self, xp):
         self.transformer.rng = layer_rng(self)

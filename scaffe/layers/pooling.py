@@ -56,40 +56,17 @@ class PoolingLayer(Layer):
 
     def setup(self, bottom, top):
         pp = self.param.pooling_param
-        name = self.name
+        where = f"layer {self.name!r}"
         self.global_pooling = pp.global_pooling
-        if self.global_pooling:
-            if pp.HasField("kernel_size") or pp.HasField("kernel_h") or pp.HasField("kernel_w"):
-                raise ValueError(f"layer {name!r}: with global_pooling the kernel size cannot be given")
-        elif pp.HasField("kernel_size") == (pp.HasField("kernel_h") or pp.HasField("kernel_w")):
-            raise ValueError(f"layer {name!r}: give either kernel_size or kernel_h and kernel_w")
-        elif pp.HasField("kernel_h") != pp.HasField("kernel_w"):
-            raise ValueError(f"layer {name!r}: kernel_h and kernel_w must be given together")
-        if pp.HasField("pad_h") or pp.HasField("pad_w"):
-            pad = (pp.pad_h, pp.pad_w)
-        else:
-            pad = (pp.pad, pp.pad)
-        if pp.HasField("stride_h") or pp.HasField("stride_w"):
-            stride = (pp.stride_h, pp.stride_w)
-        else:
-            stride = (pp.stride, pp.stride)
-        if pp.HasField("kernel_size"):
-            kernel = (pp.kernel_size, pp.kernel_size)
-        else:
-            kernel = (pp.kernel_h, pp.kernel_w)
-        if self.global_pooling:
-            if pad != (0, 0) or stride != (1, 1):
-                raise ValueError(f"layer {name!r}: with global_pooling pad must be 0 and stride 1")
-        elif min(kernel) <= 0:
-            raise ValueError(f"layer {name!r}: kernel size must be positive")
-        if min(stride) <= 0:
-            raise ValueError(f"layer {name!r}: stride must be positive")
-        if (pad[0] or pad[1]) and not (pad[0] < kernel[0] and pad[1] < kernel[1]):
-            raise ValueError(f"layer {name!r}: pad must be smaller than the kernel")
+        _check_kernel_fields(pp, where)
+        kernel = _pair_field(pp, "kernel_size", "kernel_h", "kernel_w")
+        pad = _pair_field(pp, "pad", "pad_h", "pad_w")
+        stride = _pair_field(pp, "stride", "stride_h", "stride_w")
+        _check_window(pp.global_pooling, kernel, pad, stride, where)
         if pp.pool == STOCHASTIC:
-            raise ValueError(f"layer {name!r}: STOCHASTIC pooling is not supported")
+            raise ValueError(f"{where}: STOCHASTIC pooling is not supported")
         if len(top) > 1 and pp.pool != MAX:
-            raise ValueError(f"layer {name!r}: only MAX pooling has a second (mask) top")
+            raise ValueError(f"{where}: only MAX pooling has a second (mask) top")
         self.pooler = Pooler(pp.pool, kernel, pad, stride, pp.round_mode == caffe_pb2.PoolingParameter.CEIL)
 
     def reshape(self, bottom, top):
@@ -110,3 +87,34 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             self.pooler.backward(top[0].diff, bottom[0].diff)
+
+
+def _pair_field(pp, both, height, width):
+    """(h, w) of a pooling_param size: the _h/_w pair if either is given, else `both` twice."""
+    if pp.HasField(height) or pp.HasField(width):
+        return getattr(pp, height), getattr(pp, width)
+    return getattr(pp, both), getattr(pp, both)
+
+
+def _check_kernel_fields(pp, where):
+    """The kernel size is given exactly one way (none with global_pooling), as Caffe requires."""
+    given_hw = pp.HasField("kernel_h") or pp.HasField("kernel_w")
+    if pp.global_pooling:
+        if pp.HasField("kernel_size") or given_hw:
+            raise ValueError(f"{where}: with global_pooling the kernel size cannot be given")
+    elif pp.HasField("kernel_size") == given_hw:
+        raise ValueError(f"{where}: give either kernel_size or kernel_h and kernel_w")
+    elif pp.HasField("kernel_h") != pp.HasField("kernel_w"):
+        raise ValueError(f"{where}: kernel_h and kernel_w must be given together")
+
+
+def _check_window(global_pooling, kernel, pad, stride, where):
+    if global_pooling:
+        if pad != (0, 0) or stride != (1, 1):
+            raise ValueError(f"{where}: with global_pooling pad must be 0 and stride 1")
+    elif min(kernel) <= 0:
+        raise ValueError(f"{where}: kernel size must be positive")
+    if min(stride) <= 0:
+        raise ValueError(f"{where}: stride must be positive")
+    if (pad[0] or pad[1]) and not (pad[0] < kernel[0] and pad[1] < kernel[1]):
+        raise ValueError(f"{where}: pad must be smaller than the kernel")

@@ -1,35 +1,17 @@
 """Solvers by Caffe type name (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) and `create_solver`."""
-import importlib
+from scaffe.registry import Registry
 
-_REGISTRY = {}
-_MODULES = ("sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam")
-
-
-def register(cls):
-    """Class decorator: registers a Solver subclass under its `type` (Caffe's solver type string)."""
-    if cls.type in _REGISTRY:
-        raise ValueError(f"solver type {cls.type!r} registered twice")
-    _REGISTRY[cls.type] = cls
-    return cls
-
-
-def _load_all():
-    for name in _MODULES:
-        importlib.import_module(f"{__name__}.{name}")
-
-
-def known_types():
-    _load_all()
-    return sorted(_REGISTRY)
+_SOLVERS = Registry("solver", __name__, lambda: ("sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam"))
+register = _SOLVERS.register
+known_types = _SOLVERS.known_types
 
 
 def solver_class(type_name):
-    _load_all()
-    try:
-        return _REGISTRY[type_name]
-    except KeyError:
+    cls = _SOLVERS.lookup(type_name)
+    if cls is None:
         from scaffe.solvers.solver import SolverError
-        raise SolverError(f"unknown solver type {type_name!r}; known types: {', '.join(known_types())}") from None
+        raise SolverError(f"unknown solver type {type_name!r}; known types: {', '.join(known_types())}")
+    return cls
 
 
 def create_solver(param, **kwargs):

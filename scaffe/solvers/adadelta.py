@@ -6,7 +6,6 @@ averages, as in Caffe's solverstate; `momentum` is the decay of both.
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 
 
@@ -14,21 +13,14 @@ from scaffe.solvers.sgd import SGDSolver
 class AdaDeltaSolver(SGDSolver):
     type = "AdaDelta"
     history_sets = 2
-    fused_update = FusedUpdate("scaffe_adadelta_update", ("momentum", "delta"), 2, """
-    h0 = (T)momentum * h0 + ((T)1 - (T)momentum) * (g * g);
-    const T scaled = g * sqrt((h1 + (T)delta) / (h0 + (T)delta));
-    h1 = (T)momentum * h1 + ((T)1 - (T)momentum) * (scaled * scaled);
-    const T step = local_rate * scaled;
-""")
+    update_kernel = "scaffe_adadelta_update"  # kernels/cuda_sources.py
 
     def fused_scalars(self, rate):
         return (self.param.momentum, self.param.delta)
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        grad_history = self.history[param_id]
-        update_history = self.history[n + param_id]
+        grad_history, update_history = self.histories(param_id)
         xp = blob.xp
         momentum = numpy.float32(self.param.momentum)
         delta = numpy.float32(self.param.delta)

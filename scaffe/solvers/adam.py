@@ -9,7 +9,6 @@ import math
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 
 
@@ -17,11 +16,7 @@ from scaffe.solvers.sgd import SGDSolver
 class AdamSolver(SGDSolver):
     type = "Adam"
     history_sets = 2
-    fused_update = FusedUpdate("scaffe_adam_update", ("beta1", "beta2", "correction", "delta"), 2, """
-    h0 = (T)beta1 * h0 + ((T)1 - (T)beta1) * g;
-    h1 = (T)beta2 * h1 + ((T)1 - (T)beta2) * (g * g);
-    const T step = (local_rate * (T)correction) * (h0 / (sqrt(h1) + (T)delta));
-""")
+    update_kernel = "scaffe_adam_update"  # kernels/cuda_sources.py
 
     def fused_scalars(self, rate):
         return (self.param.momentum, self.param.momentum2, self.bias_correction(), self.param.delta)
@@ -33,15 +28,13 @@ class AdamSolver(SGDSolver):
                              / (1.0 - float(numpy.float32(self.param.momentum)) ** t))
 
     def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        n = len(self.net.learnable_params)
-        m = self.history[param_id]
-        v = self.history[n + param_id]
-        xp = blob.xp
         beta1 = numpy.float32(self.param.momentum)
         beta2 = numpy.float32(self.param.momentum2)
         one = numpy.float32(1)
         correction = self.bias_correction()
+        blob = self.net.learnable_params[param_id]
+        m, v = self.histories(param_id)
+        xp = blob.xp
         m *= beta1
         m += (one - beta1) * blob.diff
         v *= beta2

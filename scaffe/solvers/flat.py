@@ -30,9 +30,9 @@ class FlatParams:
 
     @staticmethod
     def fits(net):
-        """Whether `net` has learnable blobs, all of one float type, on a GPU."""
-        blobs = net.learnable_params
-        return net.xp is not numpy and bool(blobs) and len({blob.dtype for blob in blobs}) == 1
+        """Whether `net` has learnable blobs, all float32 or all float64 (the update kernels'), on a GPU."""
+        dtypes = {blob.dtype for blob in net.learnable_params}
+        return net.xp is not numpy and len(dtypes) == 1 and dtypes <= {numpy.dtype("float32"), numpy.dtype("float64")}
 
     def history_views(self):
         """The history as the solverstate lists it: every blob's slice of set 0, then of set 1, ..."""

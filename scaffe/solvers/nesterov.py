@@ -2,18 +2,13 @@
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.fused import FusedUpdate
 from scaffe.solvers.sgd import SGDSolver
 
 
 @register
 class NesterovSolver(SGDSolver):
     type = "Nesterov"
-    fused_update = FusedUpdate("scaffe_nesterov_update", ("momentum",), 1, """
-    const T previous = h0;
-    h0 = (T)momentum * h0 + local_rate * g;
-    const T step = ((T)1 + (T)momentum) * h0 - (T)momentum * previous;
-""")
+    update_kernel = "scaffe_nesterov_update"  # kernels/cuda_sources.py
 
     def compute_update_value(self, param_id, rate):
         blob = self.net.learnable_params[param_id]

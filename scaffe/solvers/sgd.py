@@ -4,7 +4,7 @@ ApplyUpdate follows Caffe's exactly, because users compare loss curves and saved
 Caffe's: learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
 (L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
 SGD's update value: h = momentum * h + lr * lr_mult * g; step = h. The other solvers (one file
-each) subclass this one and replace only `compute_update_value`, and, for the GPU, `fused_update`
+each) subclass this one and replace only `compute_update_value`, and, for the GPU, `update_kernel`
 (the same step as one kernel over flat buffers, scaffe.solvers.fused) and `fused_scalars`.
 
 On a GPU the learnable blobs and the history live in flat buffers (scaffe.solvers.flat), and a step
@@ -20,7 +20,7 @@ from scaffe.log import fmt, get_logger
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import register
 from scaffe.solvers.flat import FlatParams
-from scaffe.solvers.fused import FusedUpdate
+from scaffe.solvers.fused import fused_step
 from scaffe.solvers.lr_policy import learning_rate
 from scaffe.solvers.solver import Solver, SolverError
 
@@ -32,10 +32,7 @@ class SGDSolver(Solver):
     type = "SGD"
     # How many history blobs per learnable blob the solverstate holds (Adam, AdaDelta: 2).
     history_sets = 1
-    fused_update = FusedUpdate("scaffe_sgd_update", ("momentum",), 1, """
-    h0 = (T)momentum * h0 + local_rate * g;
-    const T step = h0;
-""")
+    update_kernel = "scaffe_sgd_update"  # kernels/cuda_sources.py
 
     def __init__(self, param, **kwargs):
         super().__init__(param, **kwargs)
@@ -48,7 +45,7 @@ class SGDSolver(Solver):
         self._rate = None  # this update's rate, once asked for
 
     def fused_scalars(self, rate):
-        """The solver's own scalars of `fused_update`, in its order."""
+        """The solver's own scalars of `update_kernel`, in the order of its parameters."""
         return (self.param.momentum,)
 
     # ------------------------------------------------------------ the update pipeline
@@ -89,8 +86,8 @@ class SGDSolver(Solver):
                 blob.data -= blob.diff
             return
         scale = numpy.float32(grad_scale) * numpy.float32(1.0 / self.param.iter_size)
-        self.fused_update(self.net.xp, self.flat, self.flat.span(param_ids), rate, scale, self.param.weight_decay,
-                          self._l1_regularization(), self.fused_scalars(rate))
+        fused_step(self.update_kernel, self.flat, self.flat.span(param_ids), rate, scale, self.param.weight_decay,
+                   self._l1_regularization(), self.fused_scalars(rate))
 
     def clear_param_diffs(self):
         if self.flat is None:
@@ -159,6 +156,11 @@ class SGDSolver(Solver):
             blob.diff += local_decay * blob.xp.sign(blob.data)
         else:
             raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
+
+    def histories(self, param_id):
+        """Blob `param_id`'s history blobs, one from each set (the solverstate holds set after set)."""
+        n = len(self.net.learnable_params)
+        return [self.history[k * n + param_id] for k in range(self.history_sets)]
 
     def local_rate(self, param_id, rate):
         return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])

@@ -14,7 +14,7 @@ import numpy
 from scaffe.data.datum import datum_to_array
 from scaffe.data.lmdb_reader import open_database
 from scaffe.io import array_to_blobproto, write_blobproto
-from scaffe.tools.gflags import require_lmdb
+from scaffe.tools.gflags import run_tool
 
 __all__ = ["main", "compute_image_mean"]
 
@@ -51,20 +51,18 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        require_lmdb(args.backend)
-        mean, count = compute_image_mean(args.input_db)
-        print(f"Processed {count} files.")
-        if args.output_file:
-            # Caffe's mean files carry the legacy 4-d header (1, C, H, W), not `shape`.
-            write_blobproto(array_to_blobproto(mean[None], legacy_4d=True), args.output_file)
-            print(f"Write to {args.output_file}")
-    except (OSError, ValueError) as e:
-        print(f"compute_image_mean: {e}", file=sys.stderr)
-        return 1
+    return run_tool("compute_image_mean", args.backend, lambda: _write_mean(args.input_db, args.output_file))
+
+
+def _write_mean(input_db, output_file):
+    mean, count = compute_image_mean(input_db)
+    print(f"Processed {count} files.")
+    if output_file:
+        # Caffe's mean files carry the legacy 4-d header (1, C, H, W), not `shape`.
+        write_blobproto(array_to_blobproto(mean[None], legacy_4d=True), output_file)
+        print(f"Write to {output_file}")
     for c, v in enumerate(mean.reshape(mean.shape[0], -1).mean(axis=1)):
         print(f"mean_value channel [{c}]: {v:g}")
-    return 0
 
 
 if __name__ == "__main__":

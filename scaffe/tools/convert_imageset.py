@@ -17,7 +17,7 @@ import numpy
 
 from scaffe.data.datum import array_to_datum, encode_image, load_image, require_pillow
 from scaffe.data.lmdb_writer import LMDBWriter
-from scaffe.tools.gflags import require_lmdb, switches
+from scaffe.tools.gflags import run_tool, switches
 
 __all__ = ["main", "read_image_list", "convert_imageset"]
 
@@ -69,20 +69,11 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
                 log(f"Could not open or find file {path}: {e}")
                 continue
             if check_size:
-                if first_shape is None:
-                    first_shape = image.shape
-                elif image.shape != first_shape:
+                first_shape = first_shape or image.shape
+                if image.shape != first_shape:
                     raise ValueError(f"{path}: size {image.shape} differs from the first image's {first_shape}")
             if encoded:
-                fmt = encode_type.upper() if encode_type else _format_of(rel_path)
-                fmt = "JPEG" if fmt == "JPG" else fmt
-                same_file = (not resize_height and _format_of(rel_path) == fmt
-                             and _file_channels(path) == image.shape[0])
-                if same_file:
-                    with open(path, "rb") as f:
-                        payload = f.read()
-                else:
-                    payload = encode_image(image, fmt)
+                payload = _encoded_image(path, rel_path, image, encode_type, resized=bool(resize_height))
                 datum = array_to_datum(None, label, encoded_bytes=payload)
             else:
                 datum = array_to_datum(image, label)
@@ -93,6 +84,16 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
     if stored % 1000:
         log(f"Processed {stored} files.")
     return stored
+
+
+def _encoded_image(path, rel_path, image, encode_type, resized):
+    """The image file's bytes if they already hold `image` in the wanted format, else `image` re-encoded."""
+    fmt = encode_type.upper() if encode_type else _format_of(rel_path)
+    fmt = "JPEG" if fmt == "JPG" else fmt
+    if not resized and _format_of(rel_path) == fmt and _file_channels(path) == image.shape[0]:
+        with open(path, "rb") as f:
+            return f.read()
+    return encode_image(image, fmt)
 
 
 def _file_channels(path):
@@ -125,16 +126,10 @@ def main(argv=None):
     args = _parser().parse_args(switches(sys.argv[1:] if argv is None else argv, _SWITCHES, "convert_imageset"))
     if args.encode_type and not args.encoded:
         print("encode_type specified, assuming encoded=true.")
-    try:
-        require_lmdb(args.backend)
-        convert_imageset(args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
-                         resize_height=args.resize_height, resize_width=args.resize_width,
-                         check_size=args.check_size, encoded=args.encoded or bool(args.encode_type),
-                         encode_type=args.encode_type, seed=args.seed)
-    except (OSError, ValueError, RuntimeError) as e:
-        print(f"convert_imageset: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_tool("convert_imageset", args.backend, lambda: convert_imageset(
+        args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
+        resize_height=args.resize_height, resize_width=args.resize_width, check_size=args.check_size,
+        encoded=args.encoded or bool(args.encode_type), encode_type=args.encode_type, seed=args.seed))
 
 
 if __name__ == "__main__":

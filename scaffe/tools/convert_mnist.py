@@ -19,7 +19,7 @@ import numpy
 from scaffe.data.lmdb_reader import database_kind
 from scaffe.data.lmdb_writer import LMDBWriter
 from scaffe.proto import caffe_pb2
-from scaffe.tools.gflags import require_lmdb
+from scaffe.tools.gflags import run_tool
 
 __all__ = ["main", "read_idx_images", "read_idx_labels", "convert_mnist", "ensure_mnist_lmdb",
            "bundled_mnist_dir"]
@@ -140,14 +140,11 @@ def _parser():
 
 def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        require_lmdb(args.backend)
-        n = convert_mnist(args.image_file, args.label_file, args.db_path)
-    except (OSError, ValueError) as e:
-        print(f"convert_mnist: {e}", file=sys.stderr)
-        return 1
-    print(f"A total of {n} items.")
-    return 0
+
+    def work():
+        print(f"A total of {convert_mnist(args.image_file, args.label_file, args.db_path)} items.")
+
+    return run_tool("convert_mnist", args.backend, work)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from scaffe.io import to_host
 from scaffe.log import get_logger
 from scaffe.net import Net, NetError
 from scaffe.proto import caffe_pb2
-from scaffe.tools.gflags import require_lmdb
+from scaffe.tools.gflags import run_tool
 
 __all__ = ["main", "extract_features"]
 
@@ -93,8 +93,8 @@ def main(argv=None):
         return 1
     weights, model, blobs, datasets, batches, db_type = argv[:6]
     mode = argv[6] if len(argv) > 6 else "CPU"
-    try:
-        require_lmdb(db_type)
+
+    def work():
         if mode not in ("CPU", "GPU"):
             raise ValueError(f"device {mode!r}: give CPU or GPU")
         numbers = [batches] + argv[7:]
@@ -103,10 +103,8 @@ def main(argv=None):
         device_id = int(argv[7]) if len(argv) > 7 else 0
         extract_features(weights, model, blobs.split(","), datasets.split(","), int(batches),
                          xp=_array_module(mode, device_id))
-    except (OSError, ValueError, RuntimeError) as e:
-        print(f"extract_features: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_tool("extract_features", db_type, work)
 
 
 if __name__ == "__main__":

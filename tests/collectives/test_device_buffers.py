@@ -11,6 +11,8 @@ from collectives.device import PinnedPool, Staging, is_read_only, is_device_buff
 from collectives.errors import CollectiveError
 from kernels.numba_cuda import cuda
 
+from async_arrays import LateStream, StreamedArray
+
 
 def test_host_buffers_are_not_device_buffers():
     for host in (numpy.zeros(3), bytearray(8), memoryview(b"abcd")):
@@ -74,3 +76,33 @@ def test_staging_copies_in_and_out_and_reuses_pinned_memory():
     again = Staging(pool)
     reused = again.host(source, copy_in=True, copy_out=False)
     assert reused.base is not None and len(pool._free) == 1  # one of the two buffers came back out
+
+
+def test_staged_copies_land_before_the_host_and_the_stream_read_them():
+    """A cupy array's view copies asynchronously on the producer's stream (tests/collectives/async_arrays.py):
+    the host work must see this call's data, not a stale pinned buffer, and the result must be on the device
+    before the caller's next work on that stream, even when the next call takes the same pinned buffers."""
+    stream = LateStream(seed=18)
+    size = 1000
+    source = StreamedArray(numpy.zeros(size), stream=stream)
+    target = StreamedArray(numpy.zeros(size), stream=stream)
+    pool = PinnedPool()
+    for round_ in range(1, 4):
+        source.copy_to_device(numpy.arange(size) + round_)  # the producer's work, queued on its stream
+        staging = Staging(pool)
+        host_in = staging.host(source, copy_in=True, copy_out=False)
+        host_out = staging.host(target, copy_in=False, copy_out=True)
+        seen = []
+
+        def work():
+            seen.append(host_in.copy())
+            host_out[:] = host_in * 2
+
+        staging.wrap(work)()
+        # The next call takes the same pinned buffers and fills them at once.
+        reuse = Staging(pool)
+        reuse.host(source, copy_in=False, copy_out=False)[:] = -1
+        reuse.host(target, copy_in=False, copy_out=False)[:] = -1
+        numpy.testing.assert_array_equal(seen[0], numpy.arange(size) + round_)
+        numpy.testing.assert_array_equal(target.read(), (numpy.arange(size) + round_) * 2)
+        reuse.release()

@@ -6,7 +6,7 @@ from collectives import settings
 
 def test_defaults(monkeypatch):
     for name in ("SCAFFE_REDUCE_ALGO", "SCAFFE_CHUNK_BYTES", "SCAFFE_SHM_CHUNK_BYTES", "SCAFFE_RANKS_PER_NODE",
-                 "SCAFFE_CHECK", "SCAFFE_STALL_S", "SCAFFE_GPU", "SCAFFE_CUDA_AWARE", "SCAFFE_ABORT_ON_ERROR"):
+                 "SCAFFE_CHECK", "SCAFFE_STALL_S", "SCAFFE_GPU", "SCAFFE_CUDA_AWARE", "SCAFFE_ABORT_ON_ERROR", "SCAFFE_DEVICE_PATH"):
         monkeypatch.delenv(name, raising=False)
     assert settings.reduce_algo(["native", "tree"]) is None
     assert settings.chunk_bytes() == 1 << 20
@@ -16,7 +16,7 @@ def test_defaults(monkeypatch):
                                                                                   64 << 10]
     assert settings.ranks_per_node() is None and settings.check() is False
     assert settings.stall_seconds() == 60 and settings.gpu(2) is None and settings.cuda_aware_override() is None
-    assert settings.abort_on_error() is True
+    assert settings.abort_on_error() is True and settings.device_path() == "direct"
 
 
 @pytest.mark.parametrize("name,value,read,expected", [
@@ -29,6 +29,7 @@ def test_defaults(monkeypatch):
     ("SCAFFE_GPU", "1", lambda: settings.gpu(2), 1),
     ("SCAFFE_CUDA_AWARE", "0", settings.cuda_aware_override, False),
     ("SCAFFE_ABORT_ON_ERROR", "0", settings.abort_on_error, False),
+    ("SCAFFE_DEVICE_PATH", " Staged", settings.device_path, "staged"),
 ])
 def test_values(monkeypatch, name, value, read, expected):
     monkeypatch.setenv(name, value)
@@ -41,6 +42,7 @@ def test_values(monkeypatch, name, value, read, expected):
     ("SCAFFE_CHUNK_BYTES", "1MiB", settings.chunk_bytes, "SCAFFE_CHUNK_BYTES must be a positive integer, got '1MiB'"),
     ("SCAFFE_GPU", "2", lambda: settings.gpu(2), "SCAFFE_GPU='2': this node has GPUs 0..1"),
     ("SCAFFE_CUDA_AWARE", "yes", settings.cuda_aware_override, "SCAFFE_CUDA_AWARE must be 0 or 1, got 'yes'"),
+    ("SCAFFE_DEVICE_PATH", "ipc", settings.device_path, "SCAFFE_DEVICE_PATH must be direct or staged, got 'ipc'"),
 ])
 def test_errors_name_the_variable(monkeypatch, name, value, read, message):
     monkeypatch.setenv(name, value)

@@ -117,20 +117,24 @@ def test_kernel_twins_match_the_cpu_kernels(cupy_stand_in):
             pooling.ave_pool_backward(dtop, kernel, pad, stride, x.shape), rtol=1e-6, atol=1e-6)
 
 
-def test_elementwise_kernel_binds_arguments_as_cupy_does(cupy_stand_in):
-    from kernels import _im2col_gpu
+def test_raw_kernel_binds_arguments_as_the_signature_says(cupy_stand_in):
+    from kernels.cuda_sources import raw_kernel
     cp = cupy_stand_in
-    x = cp.zeros((1, 1, 3, 3), dtype=cp.float32)
+    x = cp.arange(9, dtype=cp.float32).reshape(1, 1, 3, 3)
     col = cp.empty((1, 1, 9), dtype=cp.float32)
-    kernel = _im2col_gpu._im2col_kernel
-    with pytest.raises(TypeError, match="Wrong number of arguments"):
-        kernel(x, 1, 1, 3, 3, col)
+    kernel = raw_kernel("scaffe_im2col_float32")
+    geometry = [numpy.int32(v) for v in (1, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 3, 3)]
+    kernel((1,), (32,), (x, *geometry, col, numpy.int64(9)))
+    numpy.testing.assert_array_equal(col.get().reshape(-1), numpy.arange(9))
+    with pytest.raises(TypeError, match="expected 17 arguments, got 16"):
+        kernel((1,), (32,), (x, *geometry, col))
+    with pytest.raises(TypeError, match="n_img is int, got <class 'int'>"):
+        kernel((1,), (32,), (x, 1, *geometry[1:], col, numpy.int64(9)))
     with pytest.raises(TypeError, match="must be a cupy.ndarray"):
-        kernel(numpy.zeros((1, 1, 3, 3), numpy.float32), 1, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 3, 3, col)
-    with pytest.raises(TypeError, match="type T is both"):
-        kernel(x.astype(cp.float64), 1, 1, 3, 3, 1, 1, 0, 0, 1, 1, 1, 1, 3, 3, col)
+        kernel((1,), (32,), (x.get(), *geometry, col, numpy.int64(9)))
     with pytest.raises(NotImplementedError, match="no numpy twin"):
-        cp.ElementwiseKernel("T x", "T y", "y = x", "unregistered_kernel")(x, x)
+        cp.RawKernel('extern "C" __global__ void other_float32(long long total) {}', "other_float32")(
+            (1,), (1,), (numpy.int64(1),))
 
 
 def test_pinned_uploads_on_a_side_stream_land_only_once_waited_for(cupy_stand_in):

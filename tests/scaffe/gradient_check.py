@@ -84,12 +84,7 @@ def check_gradients(param, bottoms, *, phase=caffe_pb2.TRAIN, check_bottoms=None
         for blob, array in zip(harness.layer.blobs, params):
             blob.data[...] = array
     check_bottoms = list(range(len(bottoms))) if check_bottoms is None else list(check_bottoms)
-    tops = harness.forward()
-    weights = [rng.standard_normal(t.shape) for t in tops]
-    if harness.layer.is_loss():
-        weights[0] = numpy.asarray(rng.uniform(0.5, 2.0))
-    for k in outputs_only or ():
-        weights[k] = numpy.zeros_like(weights[k])
+    weights = _top_weights(harness, rng, outputs_only)
 
     def objective():
         return sum(float((w * t).sum()) for w, t in zip(weights, harness.forward()))
@@ -97,34 +92,49 @@ def check_gradients(param, bottoms, *, phase=caffe_pb2.TRAIN, check_bottoms=None
     propagate = [i in check_bottoms for i in range(len(bottoms))]
     harness.forward()
     bottom_grads, param_grads = harness.backward(weights, propagate)
-
-    def compare(analytic, values, restore, what):
-        flat = values.reshape(-1)
-        numeric = numpy.empty(flat.size)
-        for e in range(flat.size):
-            original = flat[e]
-            flat[e] = original + step
-            restore()
-            plus = objective()
-            flat[e] = original - step
-            restore()
-            minus = objective()
-            flat[e] = original
-            restore()
-            numeric[e] = (plus - minus) / (2 * step)
-        analytic = analytic.reshape(-1)
-        scale = numpy.maximum(1.0, numpy.maximum(numpy.abs(analytic), numpy.abs(numeric)))
-        # Written as "not close" so that a NaN on either side counts as a mismatch.
-        bad = ~(numpy.abs(analytic - numeric) <= tolerance * scale)
-        if bad.any():
-            e = int(numpy.argmax(bad))
-            raise AssertionError(f"{harness.param.type} ({harness.param.name or 'unnamed'}): gradient of {what} "
-                                 f"wrong at flat index {e}: analytic {analytic[e]!r}, numeric {numeric[e]!r} "
-                                 f"({int(bad.sum())} of {bad.size} elements off)")
-
-    for i in check_bottoms:
-        compare(bottom_grads[i], harness.inputs[i], lambda: None, f"bottom {i}")
+    checks = [(bottom_grads[i], harness.inputs[i], f"bottom {i}") for i in check_bottoms]
     if check_params:
-        for k, blob in enumerate(harness.layer.blobs):
-            compare(param_grads[k], blob.data, lambda: None, f"param blob {k}")
+        checks += [(param_grads[k], blob.data, f"param blob {k}") for k, blob in enumerate(harness.layer.blobs)]
+    for analytic, values, what in checks:
+        numeric = _central_differences(objective, values, step)
+        _assert_close(analytic.reshape(-1), numeric, tolerance, f"{_layer_label(harness)}: gradient of {what}")
     return harness
+
+
+def _top_weights(harness, rng, outputs_only):
+    """Random weights w of the objective sum(w * top): a scalar for a loss, 0 for output-only tops."""
+    weights = [rng.standard_normal(t.shape) for t in harness.forward()]
+    if harness.layer.is_loss():
+        weights[0] = numpy.asarray(rng.uniform(0.5, 2.0))
+    for k in outputs_only or ():
+        weights[k] = numpy.zeros_like(weights[k])
+    return weights
+
+
+def _central_differences(objective, values, step):
+    """d objective / d values, element by element, changing `values` in place and putting it back."""
+    flat = values.reshape(-1)
+    numeric = numpy.empty(flat.size)
+    for e in range(flat.size):
+        original = flat[e]
+        flat[e] = original + step
+        plus = objective()
+        flat[e] = original - step
+        minus = objective()
+        flat[e] = original
+        numeric[e] = (plus - minus) / (2 * step)
+    return numeric
+
+
+def _assert_close(analytic, numeric, tolerance, what):
+    scale = numpy.maximum(1.0, numpy.maximum(numpy.abs(analytic), numpy.abs(numeric)))
+    # Written as "not close" so that a NaN on either side counts as a mismatch.
+    bad = ~(numpy.abs(analytic - numeric) <= tolerance * scale)
+    if bad.any():
+        e = int(numpy.argmax(bad))
+        raise AssertionError(f"{what} wrong at flat index {e}: analytic {analytic[e]!r}, numeric {numeric[e]!r} "
+                             f"({int(bad.sum())} of {bad.size} elements off)")
+
+
+def _layer_label(harness):
+    return f"{harness.param.type} ({harness.param.name or 'unnamed'})"

@@ -10,6 +10,7 @@ import pytest
 
 from scaffe import io as sio
 from scaffe.cli import main
+from image_folder import write_image_folder
 
 REF = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-reference"
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,13 +250,8 @@ def test_convert_mnist_and_compute_image_mean(tmp_path, monkeypatch, capsys):
 
 
 def test_convert_imageset(tmp_path, monkeypatch, capsys):
-    from PIL import Image
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "img").mkdir()
-    rng = np.random.RandomState(0)
-    for i in range(3):
-        Image.fromarray(rng.randint(0, 255, (6, 5, 3), dtype=np.uint8)).save(tmp_path / "img" / f"{i}.png")
-    (tmp_path / "list.txt").write_text("".join(f"{i}.png {i}\n" for i in range(3)))
+    write_image_folder(tmp_path, 3)
     code, _, err = run(capsys, "convert", "imageset", "img/", "list.txt", "imgs_lmdb", "-resize_height", "4",
                        "-resize_width", "4")
     assert code == 0, err

@@ -154,34 +154,12 @@ def _assert_close(actual, expected, what):
 def test_layer_matches_caffe(prefix, name, monkeypatch):
     record, layers, params, phase = _context(prefix)
     index, layer_type = record.layers[name]
-    if layer_type == "Split":
-        lp = _split_param(record, name, index)
-    else:
-        lp = caffe_pb2.LayerParameter()
-        lp.CopyFrom(layers[name])
-    lp.phase = phase
+    lp = _layer_param(record, layers, name, index, phase)
     monkeypatch.chdir(REF_DIR)   # relative paths in the prototxt (infogain_H.binaryproto) are Caffe's cwd's
-
-    bottoms, producers = [], []
-    for blob in lp.bottom:
-        file, producer = record.value_before(blob, index)
-        b = Blob(_load(file).shape)
-        b.data[...] = _load(file)
-        bottoms.append(b)
-        producers.append(producer)
-    in_place = [i for i, t in enumerate(lp.top) if t in lp.bottom]
-    tops = []
-    for t in lp.top:
-        tops.append(bottoms[list(lp.bottom).index(t)] if t in lp.bottom else Blob(()))
-
-    layer = create_layer(lp, phase)
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
-    stored = params.get(name, [])
-    assert len(stored) == len(layer.blobs), f"{name}: {len(layer.blobs)} param blobs, caffemodel has {len(stored)}"
-    for blob, array in zip(layer.blobs, stored):
-        assert blob.shape == array.shape, f"{name}: param shape {blob.shape} vs caffemodel {array.shape}"
-        blob.data[...] = array
+    bottoms, producers = _reference_bottoms(record, lp, index)
+    # In-place layers run in place: such a top is its bottom's blob.
+    tops = [bottoms[list(lp.bottom).index(t)] if t in lp.bottom else Blob(()) for t in lp.top]
+    layer = _layer_with_caffemodel_params(lp, phase, bottoms, tops, params.get(name, []))
 
     layer.forward(bottoms, tops)
     for t, blob_name in zip(tops, lp.top):
@@ -189,29 +167,64 @@ def test_layer_matches_caffe(prefix, name, monkeypatch):
     for k, blob in enumerate(layer.blobs):
         if (name, k) in record.after_fwd:
             _assert_close(blob.data, _load(record.after_fwd[name, k]), f"{name} param {k} after forward")
+    if record.ran_backward(name):
+        _check_backward(record, layer, lp, index, bottoms, tops, producers)
 
-    if not record.ran_backward(name):
-        return
+
+def _layer_param(record, layers, name, index, phase):
+    if record.layers[name][1] == "Split":
+        lp = _split_param(record, name, index)
+    else:
+        lp = caffe_pb2.LayerParameter()
+        lp.CopyFrom(layers[name])
+    lp.phase = phase
+    return lp
+
+
+def _reference_bottoms(record, lp, index):
+    """(bottom blobs holding the reference values the layer read, the layer that wrote each)."""
+    bottoms, producers = [], []
+    for blob in lp.bottom:
+        file, producer = record.value_before(blob, index)
+        b = Blob(_load(file).shape)
+        b.data[...] = _load(file)
+        bottoms.append(b)
+        producers.append(producer)
+    return bottoms, producers
+
+
+def _layer_with_caffemodel_params(lp, phase, bottoms, tops, stored):
+    layer = create_layer(lp, phase)
+    layer.setup(bottoms, tops)
+    layer.reshape(bottoms, tops)
+    assert len(stored) == len(layer.blobs), f"{lp.name}: {len(layer.blobs)} param blobs, caffemodel has {len(stored)}"
+    for blob, array in zip(layer.blobs, stored):
+        assert blob.shape == array.shape, f"{lp.name}: param shape {blob.shape} vs caffemodel {array.shape}"
+        blob.data[...] = array
+    return layer
+
+
+def _check_backward(record, layer, lp, index, bottoms, tops, producers):
+    name = lp.name
     for t, blob_name in zip(tops, lp.top):
         if layer.is_loss() and blob_name == lp.top[0]:
-            weight = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
-            t.diff[...] = weight
-            continue
-        diff_file = record.top_diff(blob_name, index)
-        t.diff[...] = _load(diff_file) if diff_file else 0
+            t.diff[...] = lp.loss_weight[0] if len(lp.loss_weight) else 1.0
+        else:
+            diff_file = record.top_diff(blob_name, index)
+            t.diff[...] = _load(diff_file) if diff_file else 0
     expected_bottom = [record.bottom_diff(name, blob, producer) for blob, producer in zip(lp.bottom, producers)]
     propagate = [f is not None for f in expected_bottom]
     for blob in layer.blobs:
         blob.diff[...] = 0
-    for i, b in enumerate(bottoms):
-        if i not in in_place:
+    for b in bottoms:
+        if not any(b is t for t in tops):
             b.diff[...] = numpy.nan   # a bottom gradient must be written, not accumulated
     layer.backward(tops, propagate, bottoms)
     for b, blob_name, file in zip(bottoms, lp.bottom, expected_bottom):
         if file is not None:
             _assert_close(b.diff, _load(file), f"{name} gradient of bottom {blob_name}")
     for k, blob in enumerate(layer.blobs):
-        if (name, k) in record.grad and layer_type != "Parameter":
+        if (name, k) in record.grad and lp.type != "Parameter":
             _assert_close(blob.diff, _load(record.grad[name, k]), f"{name} gradient of param {k}")
 
 

@@ -317,34 +317,16 @@ def _feed(blob, ref, attr):
     getattr(blob, attr)[...] = np.asarray(ref).reshape(blob.shape)
 
 
-@needs_ref
-def test_train_forward_backward_end_to_end_matches_caffe():
-    """One plain forward/backward: total loss, every loss value and every parameter gradient."""
-    net = zoo_net("TRAIN", weights="layer_zoo_init.caffemodel")
-    loss = net.forward_backward()
-    close(loss, ref_array("train0__total_loss.npy"), "total loss", rtol=1e-5)
-    for name in ("loss", "mlog", "eucl", "hinge", "loss_ign", "infogain", "center", "sce", "acc", "acc_top3"):
-        close(net.blobs[name].data, ref_array(f"train0__fwd__{name}__{name}.npy"), name, rtol=1e-5)
-    # MVN divides by standard deviations near 0.002 here, which magnifies float32 rounding of its
-    # input about 500 times; the layer-isolated test below holds every gradient to 1e-4.
+def _check_param_blobs(net, prefix, kind, attr, **tolerance):
+    """Every parameter blob's `attr` (data or diff) against the reference files of `kind`."""
     for r in manifest():
-        if r["file"].startswith("train0__") and r["kind"] == "grad":
-            close(net.layer(r["layer"]).blobs[int(r["blob"])].diff, ref_array(r["file"]), r["file"],
-                  rtol=1e-3, scale=1e-4)
-    net.close()
+        if r["file"].startswith(prefix) and r["kind"] == kind:
+            blob = net.layer(r["layer"]).blobs[int(r["blob"])]
+            close(getattr(blob, attr), ref_array(r["file"]), r["file"], **tolerance)
 
 
-@needs_ref
-def test_train_layers_in_isolation_match_caffe():
-    """Every top, bottom gradient and parameter gradient Caffe dumped in its first TRAIN step
-    (train0__*), each layer fed Caffe's own inputs (and, backward, Caffe's top gradients), so a
-    difference points at that layer and not at rounding carried from below."""
-    net = zoo_net("TRAIN", weights="layer_zoo_init.caffemodel")
-    rows = _rows_by_layer("train0__", ("fwd", "bwd"))
-    for r in manifest():
-        if r["file"].startswith("train0__") and r["kind"] == "param":
-            close(net.layer(r["layer"]).blobs[int(r["blob"])].data, ref_array(r["file"]), r["file"], rtol=0, scale=0)
-    net.clear_param_diffs()
+def _forward_each_layer_on_caffes_inputs(net, rows):
+    """Runs the layers one at a time, each fed the bottoms Caffe computed, checking every top."""
     latest = {}
     for i in range(len(net.layers)):
         for blob_id in net.bottom_id_vecs[i]:
@@ -356,9 +338,10 @@ def test_train_layers_in_isolation_match_caffe():
             ref = ref_array(r["file"])
             close(net.blobs[r["blob"]].data, ref, r["file"])
             latest[r["blob"]] = ref
-    for r in manifest():
-        if r["file"].startswith("train0__") and r["kind"] == "param_after_fwd":
-            close(net.layer(r["layer"]).blobs[int(r["blob"])].data, ref_array(r["file"]), r["file"])
+
+
+def _backward_each_layer_on_caffes_gradients(net, rows):
+    """Backward one layer at a time, each fed the top gradients Caffe computed, checking every bottom's."""
     grads = {}
     for i in range(len(net.layers) - 1, -1, -1):
         for blob_id in net.top_id_vecs[i]:
@@ -370,9 +353,35 @@ def test_train_layers_in_isolation_match_caffe():
             ref = ref_array(r["file"])
             close(net.blobs[r["blob"]].diff, ref, r["file"])
             grads[r["blob"]] = ref
-    for r in manifest():
-        if r["file"].startswith("train0__") and r["kind"] == "grad":
-            close(net.layer(r["layer"]).blobs[int(r["blob"])].diff, ref_array(r["file"]), r["file"])
+
+
+@needs_ref
+def test_train_forward_backward_end_to_end_matches_caffe():
+    """One plain forward/backward: total loss, every loss value and every parameter gradient."""
+    net = zoo_net("TRAIN", weights="layer_zoo_init.caffemodel")
+    loss = net.forward_backward()
+    close(loss, ref_array("train0__total_loss.npy"), "total loss", rtol=1e-5)
+    for name in ("loss", "mlog", "eucl", "hinge", "loss_ign", "infogain", "center", "sce", "acc", "acc_top3"):
+        close(net.blobs[name].data, ref_array(f"train0__fwd__{name}__{name}.npy"), name, rtol=1e-5)
+    # MVN divides by standard deviations near 0.002 here, which magnifies float32 rounding of its
+    # input about 500 times; the layer-isolated test below holds every gradient to 1e-4.
+    _check_param_blobs(net, "train0__", "grad", "diff", rtol=1e-3, scale=1e-4)
+    net.close()
+
+
+@needs_ref
+def test_train_layers_in_isolation_match_caffe():
+    """Every top, bottom gradient and parameter gradient Caffe dumped in its first TRAIN step
+    (train0__*), each layer fed Caffe's own inputs (and, backward, Caffe's top gradients), so a
+    difference points at that layer and not at rounding carried from below."""
+    net = zoo_net("TRAIN", weights="layer_zoo_init.caffemodel")
+    rows = _rows_by_layer("train0__", ("fwd", "bwd"))
+    _check_param_blobs(net, "train0__", "param", "data", rtol=0, scale=0)
+    net.clear_param_diffs()
+    _forward_each_layer_on_caffes_inputs(net, rows)
+    _check_param_blobs(net, "train0__", "param_after_fwd", "data")
+    _backward_each_layer_on_caffes_gradients(net, rows)
+    _check_param_blobs(net, "train0__", "grad", "diff")
     net.close()
 
 
@@ -383,18 +392,7 @@ def test_test_phase_forward_matches_caffe():
     close(net.forward(), ref_array("test20__total_loss.npy"), "total loss", rtol=1e-5)
     net.close()
     net = zoo_net("TEST", weights="layer_zoo_iter_20.caffemodel")
-    rows = _rows_by_layer("test20__", ("fwd",))
-    latest = {}
-    for i in range(len(net.layers)):
-        for blob_id in net.bottom_id_vecs[i]:
-            name = net.blob_names[blob_id]
-            if name in latest:
-                _feed(net.blobs_list[blob_id], latest[name], "data")
-        net.forward_from_to(i, i)
-        for r in rows.get(("fwd", i), []):
-            ref = ref_array(r["file"])
-            close(net.blobs[r["blob"]].data, ref, r["file"])
-            latest[r["blob"]] = ref
+    _forward_each_layer_on_caffes_inputs(net, _rows_by_layer("test20__", ("fwd",)))
     net.close()
 
 

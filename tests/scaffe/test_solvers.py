@@ -190,50 +190,67 @@ class StepCapture(SolverCallback):
         self.steps.append(([p.data.astype(np.float64) for p in ps], [p.diff.astype(np.float64) for p in ps]))
 
 
+def _sgd(g, rate, h, t, p):
+    h[0] = p.momentum * h[0] + rate * g
+    return h[0]
+
+
+def _nesterov(g, rate, h, t, p):
+    old = h[0]
+    h[0] = p.momentum * h[0] + rate * g
+    return (1 + p.momentum) * h[0] - p.momentum * old
+
+
+def _adagrad(g, rate, h, t, p):
+    h[0] = h[0] + g * g
+    return rate * g / (np.sqrt(h[0]) + p.delta)
+
+
+def _rmsprop(g, rate, h, t, p):
+    h[0] = p.rms_decay * h[0] + (1 - p.rms_decay) * g * g
+    return rate * g / (np.sqrt(h[0]) + p.delta)
+
+
+def _adadelta(g, rate, h, t, p):
+    m = p.momentum
+    h[0] = m * h[0] + (1 - m) * g * g
+    upd = g * np.sqrt((h[1] + p.delta) / (h[0] + p.delta))
+    h[1] = m * h[1] + (1 - m) * upd * upd
+    return rate * upd
+
+
+def _adam(g, rate, h, t, p):
+    b1, b2 = p.momentum, p.momentum2
+    h[0] = b1 * h[0] + (1 - b1) * g
+    h[1] = b2 * h[1] + (1 - b2) * g * g
+    corr = math.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
+    return rate * corr * h[0] / (np.sqrt(h[1]) + p.delta)
+
+
+# Each solver's step from the regularized gradient g, the rate, the parameter's two histories h
+# (updated in place), the step number t and the SolverParameter p.
+UPDATE_FORMULAS = {"SGD": _sgd, "Nesterov": _nesterov, "AdaGrad": _adagrad, "RMSProp": _rmsprop,
+                   "AdaDelta": _adadelta, "Adam": _adam}
+
+
+def _clipped(gs, clip_gradients):
+    if clip_gradients < 0:
+        return gs
+    norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
+    return [g * (clip_gradients / norm) for g in gs] if norm > clip_gradients else gs
+
+
 def reference_updates(solver_type, steps, lr_mults, decay_mults, p):
     """Expected parameters after each step, from the formulas in float64."""
-    n = len(lr_mults)
-    hist = [np.zeros_like(w) for w in steps[0][0]]
-    hist2 = [np.zeros_like(w) for w in steps[0][0]]
+    formula = UPDATE_FORMULAS[solver_type]
+    histories = [[np.zeros_like(w), np.zeros_like(w)] for w in steps[0][0]]
     out = []
     for t, (ws, gs) in enumerate(steps):
-        gs = [g.copy() for g in gs]
-        if p.clip_gradients >= 0:
-            norm = math.sqrt(sum(float((g ** 2).sum()) for g in gs))
-            if norm > p.clip_gradients:
-                gs = [g * (p.clip_gradients / norm) for g in gs]
         new = []
-        for i in range(n):
-            w, g = ws[i], gs[i] / p.iter_size
+        for i, (w, g) in enumerate(zip(ws, _clipped(gs, p.clip_gradients))):
             decay = p.weight_decay * decay_mults[i]
-            g = g + decay * (np.sign(w) if p.regularization_type == "L1" else w)
-            rate = p.base_lr * lr_mults[i]
-            m = p.momentum
-            if solver_type == "SGD":
-                hist[i] = m * hist[i] + rate * g
-                step = hist[i]
-            elif solver_type == "Nesterov":
-                old = hist[i].copy()
-                hist[i] = m * hist[i] + rate * g
-                step = (1 + m) * hist[i] - m * old
-            elif solver_type == "AdaGrad":
-                hist[i] = hist[i] + g * g
-                step = rate * g / (np.sqrt(hist[i]) + p.delta)
-            elif solver_type == "RMSProp":
-                hist[i] = p.rms_decay * hist[i] + (1 - p.rms_decay) * g * g
-                step = rate * g / (np.sqrt(hist[i]) + p.delta)
-            elif solver_type == "AdaDelta":
-                hist[i] = m * hist[i] + (1 - m) * g * g
-                upd = g * np.sqrt((hist2[i] + p.delta) / (hist[i] + p.delta))
-                hist2[i] = m * hist2[i] + (1 - m) * upd * upd
-                step = rate * upd
-            elif solver_type == "Adam":
-                b1, b2 = p.momentum, p.momentum2
-                hist[i] = b1 * hist[i] + (1 - b1) * g
-                hist2[i] = b2 * hist2[i] + (1 - b2) * g * g
-                corr = math.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
-                step = rate * corr * hist[i] / (np.sqrt(hist2[i]) + p.delta)
-            new.append(w - step)
+            g = g / p.iter_size + decay * (np.sign(w) if p.regularization_type == "L1" else w)
+            new.append(w - formula(g, p.base_lr * lr_mults[i], histories[i], t, p))
         out.append(new)
     return out
 

@@ -13,6 +13,7 @@ from scaffe.data.lmdb_reader import LMDBDatabase
 from scaffe.net import Net
 from scaffe.proto import caffe_pb2
 from scaffe.tools.convert_mnist import bundled_mnist_dir, ensure_mnist_lmdb
+from image_folder import write_image_folder
 
 
 def run(capsys, *argv):
@@ -36,13 +37,8 @@ def test_pillow_is_a_runtime_dependency():
 
 
 def test_convert_imageset_takes_caffes_flags(tmp_path, monkeypatch, capsys):
-    from PIL import Image
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "img").mkdir()
-    rng = np.random.RandomState(0)
-    for i in range(4):
-        Image.fromarray(rng.randint(0, 255, (6, 5, 3), dtype=np.uint8)).save(tmp_path / "img" / f"{i}.png")
-    (tmp_path / "list.txt").write_text("".join(f"{i}.png {i}\n" for i in range(4)))
+    write_image_folder(tmp_path, 4)
     code, out, err = run(capsys, "convert", "imageset", "-gray", "-shuffle=true", "-backend=lmdb", "--resize_width",
                          "4", "-resize_height=3", "-check_size", "--encoded=false", "-encode_type=png",
                          "img/", "list.txt", "gray_png")

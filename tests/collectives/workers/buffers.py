@@ -248,20 +248,26 @@ def allreduce_then_reduce(w, send, data, allreduce_op, reduce_op):
 
 
 def check_fallbacks(w):
+    data = inputs(w, "sum", numpy.float64, N, 400)
+    user_sum = MPI.Op.Create(_add_into, commute=True)
+    check_user_op(w, data, user_sum)
+    check_derived_datatypes(w, data, user_sum)
+    user_sum.Free()
+    check_bool_ops(w)
+    check_maxloc(w)
+
+
+def _add_into(inbuf, inoutbuf, datatype):
+    a = numpy.frombuffer(inbuf, dtype=numpy.float64)
+    b = numpy.frombuffer(inoutbuf, dtype=numpy.float64)
+    b += a
+
+
+def check_user_op(w, data, user_sum):
     comm, world, rank, size = w.comm, MPI.COMM_WORLD, w.rank, w.size
-    n = N
-
-    def add_into(inbuf, inoutbuf, datatype):
-        a = numpy.frombuffer(inbuf, dtype=numpy.float64)
-        b = numpy.frombuffer(inoutbuf, dtype=numpy.float64)
-        b += a
-
-    user_sum = MPI.Op.Create(add_into, commute=True)
-    data = inputs(w, "sum", numpy.float64, n, 400)
     expected = expected_reduction("sum", data)
-
     w.case("user-defined op: Allreduce, Reduce, Iallreduce, Ireduce")
-    ours, theirs = numpy.empty(n), numpy.empty(n)
+    ours, theirs = numpy.empty(N), numpy.empty(N)
     comm.Allreduce(data[rank], ours, op=user_sum)
     world.Allreduce(data[rank], theirs, op=user_sum)
     w.check(ours, expected, "Allreduce")
@@ -279,10 +285,14 @@ def check_fallbacks(w):
         if rank == root:
             w.check(ours, expected, "Ireduce")
 
+
+def check_derived_datatypes(w, data, user_sum):
+    comm, world, rank, size = w.comm, MPI.COMM_WORLD, w.rank, w.size
+    expected = expected_reduction("sum", data)
     # MPI defines its predefined ops on predefined datatypes only, so derived types reduce with user ops.
     w.case("derived datatype (contiguous pairs of doubles) with a user-defined op")
     pair = MPI.DOUBLE.Create_contiguous(2).Commit()
-    m = n - 1  # even
+    m = N - 1  # even
     ours, theirs = numpy.zeros(m), numpy.zeros(m)
     comm.Allreduce([data[rank][:m], m // 2, pair], [ours, m // 2, pair], op=user_sum)
     world.Allreduce([data[rank][:m], m // 2, pair], [theirs, m // 2, pair], op=user_sum)
@@ -296,7 +306,6 @@ def check_fallbacks(w):
     comm.Bcast([buf, m // 2, pair], root=0)
     w.check(buf, data[0][:m], "Bcast")
     pair.Free()
-    user_sum.Free()
 
     w.case("derived datatype (every other double, a vector type): Bcast leaves the others untouched")
     every_other = MPI.DOUBLE.Create_vector(m // 2, 1, 2).Commit()
@@ -311,37 +320,51 @@ def check_fallbacks(w):
             w.check(buf[1::2], numpy.full(m // 2, 99.0), "elements between")
     every_other.Free()
 
+
+def check_bool_ops(w):
+    comm, world, rank, size = w.comm, MPI.COMM_WORLD, w.rank, w.size
     w.case("bool arrays (MPI.C_BOOL) with LOR and LAND go to MPI")
-    flags = [contribution("land", numpy.int8, n, r, 401) != 0 for r in range(size)]
+    flags = [contribution("land", numpy.int8, N, r, 401) != 0 for r in range(size)]
     for name, op, fold in (("lor", MPI.LOR, numpy.logical_or), ("land", MPI.LAND, numpy.logical_and)):
-        ours, theirs = numpy.zeros(n, bool), numpy.zeros(n, bool)
+        ours, theirs = numpy.zeros(N, bool), numpy.zeros(N, bool)
         comm.Allreduce(flags[rank], ours, op=op)
         world.Allreduce(flags[rank], theirs, op=op)
         w.check(ours, fold.reduce(numpy.array(flags), axis=0), name)
         w.check(ours, theirs, f"{name} vs the wrapped MPI")
 
+
+def check_maxloc(w):
+    comm, world, rank, size = w.comm, MPI.COMM_WORLD, w.rank, w.size
     w.case("MAXLOC over (double, int) pairs goes to MPI")
     pair_dtype = numpy.dtype([("value", numpy.float64), ("index", numpy.intc)], align=True)
-    if pair_dtype.itemsize == MPI.DOUBLE_INT.Get_extent()[1]:
-        values = numpy.zeros(64, dtype=pair_dtype)
-        values["value"] = contribution("max", numpy.float64, 64, rank, 402)
-        values["index"] = rank
-        ours, theirs = numpy.zeros_like(values), numpy.zeros_like(values)
-        comm.Allreduce([values, MPI.DOUBLE_INT], [ours, MPI.DOUBLE_INT], op=MPI.MAXLOC)
-        world.Allreduce([values, MPI.DOUBLE_INT], [theirs, MPI.DOUBLE_INT], op=MPI.MAXLOC)
-        everyone = numpy.array([contribution("max", numpy.float64, 64, r, 402) for r in range(size)])
-        w.check(ours["value"], everyone.max(axis=0), "maximum values")
-        w.check(ours["index"], everyone.argmax(axis=0).astype(numpy.intc), "lowest rank holding the maximum")
-        for field in ("value", "index"):  # not the padding bytes, which nobody writes
-            w.check(ours[field], theirs[field], f"{field} vs the wrapped MPI")
+    if pair_dtype.itemsize != MPI.DOUBLE_INT.Get_extent()[1]:
+        return
+    values = numpy.zeros(64, dtype=pair_dtype)
+    values["value"] = contribution("max", numpy.float64, 64, rank, 402)
+    values["index"] = rank
+    ours, theirs = numpy.zeros_like(values), numpy.zeros_like(values)
+    comm.Allreduce([values, MPI.DOUBLE_INT], [ours, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    world.Allreduce([values, MPI.DOUBLE_INT], [theirs, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    everyone = numpy.array([contribution("max", numpy.float64, 64, r, 402) for r in range(size)])
+    w.check(ours["value"], everyone.max(axis=0), "maximum values")
+    w.check(ours["index"], everyone.argmax(axis=0).astype(numpy.intc), "lowest rank holding the maximum")
+    for field in ("value", "index"):  # not the padding bytes, which nobody writes
+        w.check(ours[field], theirs[field], f"{field} vs the wrapped MPI")
 
 
 def check_repeats(w):
     """The same arrays in call after call, changed in place in between: what was remembered of them
     (`_FastPath`) must not outlive the change, and every rank must still pick the same algorithm."""
-    comm, rank = w.comm, w.rank
     n = 10
     send, recv, buf = numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32)
+    check_repeated_small_calls(w, send, recv, buf)
+    check_repeated_large_calls(w)
+    check_no_buffer_kept(w, (n, N))
+    check_resized_in_place(w, send, recv, (N, n))
+
+
+def check_repeated_small_calls(w, send, recv, buf):
+    comm, rank = w.comm, w.rank
     for step, dtype in enumerate((numpy.float32, numpy.float32, numpy.float16, numpy.float16)):
         if dtype != send.dtype:  # float16, which MPI lacks, reinterpreting the same memory
             send.dtype = recv.dtype = buf.dtype = dtype
@@ -358,6 +381,10 @@ def check_repeats(w):
         buf[:] = data[rank]
         comm.Bcast(buf, root=0)
         w.check(buf, data[0], "Bcast")
+
+
+def check_repeated_large_calls(w):
+    comm, rank = w.comm, w.rank
     w.case("repeated large Allreduce and Reduce on the same arrays, new data each time")
     big_send, big_recv = numpy.empty(N, numpy.float32), numpy.empty(N, numpy.float32)
     for step in range(3):
@@ -370,26 +397,32 @@ def check_repeats(w):
         comm.Reduce(big_send, big_recv, op=MPI.MIN, root=w.size - 1)
         if rank == w.size - 1:
             w.check(big_recv, expected_reduction("min", data), f"Reduce {step}")
-    for size in (n, N):
+
+
+def check_no_buffer_kept(w, sizes):
+    for size in sizes:
         w.case(f"repeated calls keep no buffer alive ({size} elements)")
         kept = numpy.ones(size, numpy.float32), numpy.empty(size, numpy.float32)
         for _ in range(2):
-            comm.Allreduce(*kept)
-            comm.Reduce(*kept, root=0)
+            w.comm.Allreduce(*kept)
+            w.comm.Reduce(*kept, root=0)
         refs = [weakref.ref(a) for a in kept]
         del kept
         w.check_true(all(ref() is None for ref in refs), "the buffers outlived the last reference to them")
-    for size in (N, n):
+
+
+def check_resized_in_place(w, send, recv, sizes):
+    for size in sizes:
         # Odd ranks take fresh arrays, which nothing remembers: all ranks must still run the same algorithm.
         w.case(f"the same arrays resized in place to {size} elements (fresh ones on odd ranks)")
-        if rank % 2:
+        if w.rank % 2:
             send, recv = numpy.empty(size, send.dtype), numpy.empty(size, send.dtype)
         else:
             for a in (send, recv):
                 a.resize(size, refcheck=False)
         data = inputs(w, "sum", send.dtype, size, 510)
-        send[:] = data[rank]
-        comm.Allreduce(send, recv)
+        send[:] = data[w.rank]
+        w.comm.Allreduce(send, recv)
         w.check(recv, expected_reduction("sum", data), "Allreduce")
 
 

@@ -205,9 +205,9 @@ class Worker:
         """Every rank got here: rank 0 prints the line the harness looks for."""
         self.current = "final barrier"
         self.world.Barrier()
+        topo = self.comm.describe()  # collective if no call has set the communicator up yet
         counts = self.world.gather(self.cases, root=0)
         if self.rank == 0:
-            topo = self.comm.node_topology.describe() if getattr(self.comm, "_ready", False) else "-"
             print(f"WORKER-OK {name}: {sum(counts)} case-checks on {self.size} rank(s), {topo}, "
                   f"algo={os.environ.get('SCAFFE_REDUCE_ALGO', 'default')}, "
                   f"thread level {MPI.Query_thread()} (multiple={MPI.THREAD_MULTIPLE}), "

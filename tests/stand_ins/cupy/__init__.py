@@ -4,7 +4,7 @@ It is imported as `cupy` when tests/stand_ins is first on sys.path (the `cupy_st
 tests/conftest.py; PYTHONPATH for subprocesses). Arrays are `cupy.ndarray`s over numpy storage that refuse
 every implicit host/device conversion real cupy refuses (see _core.py); one device is visible. Only what
 scaffe's code uses is here, and every name is one real cupy has, with cupy's signature. ElementwiseKernels
-run numpy twins of their CUDA source, looked up by kernel name in _twins.py. `cupy._stand_in` counts
+and RawKernels run numpy twins of their CUDA source, looked up by kernel name in _twins.py. `cupy._stand_in` counts
 host/device crossings so tests can assert, e.g., that an iteration makes no host sync.
 """
 import builtins as _builtins
@@ -13,7 +13,7 @@ import numpy
 
 from cupy import _stand_in, cuda, random  # noqa: F401 - submodules, as in cupy
 from cupy._core import device_routine as _device_routine, ndarray, ufunc, unwrap_nested as _unwrap_nested, wrap as _wrap
-from cupy._kernel import ElementwiseKernel  # noqa: F401 - cupy.ElementwiseKernel
+from cupy._kernel import ElementwiseKernel, RawKernel  # noqa: F401 - as in cupy
 
 __version__ = "13.0.0+stand-in"
 

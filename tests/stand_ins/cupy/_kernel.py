@@ -1,4 +1,4 @@
-"""cupy.ElementwiseKernel for the stand-in: the CUDA source cannot run here, so each kernel runs a numpy
+"""cupy.ElementwiseKernel and RawKernel for the stand-in: the CUDA source cannot run here, so each kernel runs a numpy
 twin registered under the kernel's name (_twins.py), after the arguments were checked against the
 kernel's declared parameters exactly as cupy binds them (count, raw/elementwise, dtype of T, scalars)."""
 import numpy
@@ -79,3 +79,38 @@ class ElementwiseKernel:
             twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
         outputs = args[len(self.in_params):]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+class RawKernel:
+    """cupy.RawKernel for the stand-in: the kernels registered in kernels.cuda_sources by
+    register_elementwise (one per dtype, `<twin name>_<dtype>`) run the numpy twin of their name, bound
+    by the parameter names of the CUDA signature; the last parameter, `total`, is the loop count."""
+
+    def __init__(self, code, name, options=(), backend="nvrtc", translate_cucomplex=False, *,
+                 enable_cooperative_groups=False, jitify=False):
+        from kernels.cuda_sources import CudaSource
+        self.code, self.name, self.options = code, name, tuple(options)
+        self.parameters = CudaSource(name, code, self.options).parameters
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        from cupy import _stand_in, _twins
+        from kernels.cuda_sources import SCALAR_TYPES
+        base, _, _ = self.name.rpartition("_")
+        twin = _twins.TWINS.get(base)
+        if twin is None or self.parameters[-1] != ("long long", "total"):
+            raise NotImplementedError(f"cupy stand-in: no numpy twin for RawKernel {self.name!r}")
+        _stand_in.count(f"launch:{base}")
+        if len(args) != len(self.parameters):
+            raise TypeError(f"{self.name}: expected {len(self.parameters)} arguments, got {len(args)}")
+        bound = {}
+        for (c_type, name), value in zip(self.parameters, args):
+            if c_type.endswith("*"):
+                if not isinstance(value, ndarray):
+                    raise TypeError(f"{self.name}: {name} must be a cupy.ndarray, not {type(value)}")
+                bound[name] = value._array
+            elif type(value) is not SCALAR_TYPES[c_type]:  # cupy passes a scalar by its own numpy type
+                raise TypeError(f"{self.name}: {name} is {c_type}, got {type(value)}")
+            else:
+                bound[name] = value
+        total = int(bound.pop("total"))
+        twin(numpy.arange(total, dtype=numpy.int64), **bound)

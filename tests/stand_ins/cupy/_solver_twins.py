@@ -1,4 +1,4 @@
-"""numpy twins of the solvers' fused update kernels (scaffe.solvers.fused and each solver's body), line by line:
+"""numpy twins of the solvers' fused update kernels (kernels/cuda_sources.py, scaffe_<solver>_update), line by line:
 each reads its elements `i`, computes in the kernel's type T and stores them back at `i`."""
 import numpy
 

@@ -1,4 +1,4 @@
-"""numpy twins of scaffe's ElementwiseKernels, keyed by kernel name, for the stand-in's ElementwiseKernel.
+"""numpy twins of scaffe's GPU kernels, keyed by kernel name, for the stand-in's ElementwiseKernel and RawKernel.
 
 Each twin is a line-by-line translation of its kernel's CUDA body, vectorised over the thread index `i`:
 same index arithmetic, same summation order, arithmetic kept in the kernel's type T (a C `T / int` is a

@@ -1,0 +1,156 @@
+"""Device buffers on the direct path (collectives.intranode.ipc) across MPI processes, on the CPU stand-in
+device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; and the
+pieces that need no MPI job: the stand-in itself, the registration cache, slices and owners.
+"""
+import numpy
+import pytest
+
+from collectives.devices.peers import PeerMemory
+from collectives.intranode import ipc
+from kernels import _reduce_raw
+from kernels.cuda_sources import CudaSource
+from collectives.ops import supports
+from kernels.reduce import UFUNCS
+from mpi_harness import launch, run_ok
+from stand_ins import cpu_device
+
+ALL = ("--ops", "all", "--dtypes", "all")
+EVERY_OP = ("--ops", "all", "--dtypes", "int8,uint16,int64,float16,float32,complex128")
+SOME = ("--ops", "sum,max,bxor", "--dtypes", "int8,uint64,float16,float64,complex64")
+
+
+@pytest.mark.parametrize("ranks,gpus,space", [
+    (2, "shared", ALL),  # one kernel at the owner reads both ranks
+    (4, "distinct", EVERY_OP),  # four owners, a slice each, writing into the other ranks' buffers
+    (4, "pairs", SOME),  # two devices of two ranks
+], ids=lambda value: value if isinstance(value, (int, str)) else "")
+def test_every_op_and_dtype_on_the_stand_in(ranks, gpus, space):
+    run_ok(ranks, "device_ipc.py", "--gpus", gpus, *space, timeout=120)
+
+
+def test_staged_setting_copies_through_the_host():
+    run_ok(2, "device_ipc.py", "--expect", "staged", *SOME, env={"SCAFFE_DEVICE_PATH": "staged"}, timeout=120)
+
+
+@pytest.mark.parametrize("ranks,gpus,forget", [
+    (2, "shared", "peer"), (4, "distinct", "caller"), (2, "pairs", "done"),
+])
+def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
+    """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), the wait that
+    orders a call after the caller's stream ("caller"), or the host's wait for the kernels before a call
+    returns ("done"): the stand-in's delays must make results wrong."""
+    job = launch(ranks, "device_ipc.py", "--gpus", gpus, "--forget", forget, timeout=120)
+    assert not job.timed_out and job.returncode != 0, job.report()
+    assert "elements differ" in job.stderr, job.report()
+
+
+@pytest.mark.gpu
+def test_cupy_buffers_on_the_gpu():
+    run_ok(2, "device_ipc.py", "--memory", "cupy", *SOME, timeout=300)
+
+
+# -- in one process ---------------------------------------------------------------------------------
+def test_stand_in_streams_are_asynchronous_and_ordered():
+    device = cpu_device.CpuDevice(max_delay_s=5e-3, seed=1)
+    first, second = device.new_stream(), device.new_stream()
+    buf = device.empty(4, numpy.int32)
+    buf.write(numpy.arange(4), first)
+    assert not buf.peek().any()  # queued, not done
+    done = device.new_event()
+    device.record(done, first)
+    device.wait(second, done)
+    device.copy(device.array((4,), numpy.int32), buf, second)
+    out = device.array((4,), numpy.int32)
+    device.reduce([out], [buf, buf, buf], "sum", second)
+    device.synchronize_stream(second)
+    numpy.testing.assert_array_equal(out.peek(), 3 * numpy.arange(4))
+    assert device.query(done)
+
+
+def test_stand_in_memory_and_events_open_by_handle():
+    owner, other = cpu_device.CpuDevice(seed=2), cpu_device.CpuDevice(seed=3)
+    buf = owner.array((8,), numpy.float64)
+    buf.write(numpy.arange(8.0))
+    owner.default_stream.synchronize()
+    handle, offset = owner.export(buf[3:])
+    opened = other.view(other.open(handle), offset, 5, numpy.float64)
+    numpy.testing.assert_array_equal(opened.peek(), numpy.arange(3.0, 8.0))
+    event = owner.new_event(interprocess=True)
+    seen = other.open_event(owner.export_event(event))
+    assert other.query(seen)  # never recorded: complete, as a CUDA event is
+    owner.record(event, owner.new_stream())
+    other.synchronize(seen)
+    assert other.query(seen)
+
+
+def test_peer_memory_opens_each_handle_once_and_evicts_the_oldest():
+    owner, device = cpu_device.CpuDevice(seed=4), cpu_device.CpuDevice(seed=5)
+    buffers = [owner.array((4,), numpy.int64) for _ in range(3)]
+    peers = PeerMemory(device, capacity=2)
+    for buf in buffers[:2] * 3:
+        peers.view(*owner.export(buf), 4, numpy.int64)
+    assert peers.opens == 2
+    peers.view(*owner.export(buffers[2]), 4, numpy.int64)  # evicts buffers[0]'s mapping
+    peers.view(*owner.export(buffers[1]), 4, numpy.int64)
+    assert peers.opens == 3
+    peers.view(*owner.export(buffers[0]), 4, numpy.int64)
+    assert peers.opens == 4
+
+
+def test_slices_cover_the_vector_on_aligned_boundaries():
+    for count, itemsize, parts in [(0, 4, 3), (1, 8, 4), (5003, 8, 4), (10 ** 6 + 3, 2, 7)]:
+        bounds = [ipc._slice(count, itemsize, parts, i) for i in range(parts)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == count
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert all(lo * itemsize % 256 == 0 for lo, hi in bounds if hi > lo)
+
+
+def test_one_owner_per_device_and_the_root_owns_its_own():
+    def records(devices, root):
+        table = numpy.zeros(len(devices), dtype=ipc._RECORD)
+        table["device"], table["root"] = devices, root
+        return table
+
+    assert ipc._owners(records([1, 1, 1, 1], 2)) == [2]
+    assert ipc._owners(records([1, 2, 3, 4], 0)) == [0, 1, 2, 3]
+    assert ipc._owners(records([1, 1, 2, 2], 1)) == [1, 2]
+    assert ipc._owners(records([1, 1, 2, 2], 3)) == [0, 3]
+
+
+def test_kernel_variants_cover_every_op_and_dtype_and_refuse_nonsense():
+    """The variants the compile check builds name every op and every dtype, each under its own name."""
+    names = [name for name, _, _ in _reduce_raw.variants()]
+    assert len(set(names)) == len(names)
+    assert all(any(f"_{op}_" in name for name in names) for op in list(UFUNCS) + ["copy"])
+    assert all(any(f"_{dtype.name}_" in name for name in names) for dtype in _reduce_raw.dtypes())
+    assert _reduce_raw.variant("sum", numpy.float32, 4, 1)[0] == "scaffe_reduce_sum_float32_k4_m1"
+    with pytest.raises(ValueError, match="no kernel"):
+        _reduce_raw.variant("sum", numpy.bool_, 2, 1)
+    with pytest.raises(ValueError, match="no reduce kernel"):
+        _reduce_raw.variant("sum", numpy.float32, 1, 1)
+
+
+def test_each_kernel_variant_takes_its_arrays_as_pointers_and_the_count():
+    name, code, options = _reduce_raw.variant("max", numpy.uint16, 3, 2)
+    parameters = CudaSource(name, code, options).parameters
+    assert parameters == [("const T*", "in0"), ("const T*", "in1"), ("const T*", "in2"),
+                          ("T*", "out0"), ("T*", "out1"), ("long long", "n")]
+
+
+def test_local_ranks_that_disagree_are_named():
+    table = numpy.zeros(3, dtype=ipc._RECORD)
+    table["count"] = [10, 10, 10]
+    assert ipc._disagreement(table) is None
+    table["count"][2], table["root"][1] = 12, 1
+    message = ipc._disagreement(table)
+    assert "count (10, 10, 12)" in message and "root (0, 1, 0)" in message and "dtype" not in message
+
+
+def test_the_kernel_has_exactly_the_ops_mpi_defines():
+    for dtype in _reduce_raw.dtypes():
+        for op in UFUNCS:
+            if supports(op, dtype):
+                _reduce_raw.variant(op, dtype, 2, 1)
+            else:
+                with pytest.raises(ValueError, match="no kernel for"):
+                    _reduce_raw.variant(op, dtype, 2, 1)

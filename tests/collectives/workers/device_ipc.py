@@ -1,0 +1,206 @@
+"""Device-buffer Reduce, Allreduce and Bcast on the CPU stand-in device (tests/stand_ins/cpu_device.py),
+against numpy, exactly: the direct path (collectives.intranode.ipc) with its synchronisation.
+
+Every (op, dtype) pair MPI defines runs as a Reduce and an Allreduce, every dtype as a Bcast; size, root,
+in-place, blocking or I* and the caller's stream (its own or the default) rotate over the cases. Each
+rank writes its input on the caller's stream just before the call (queued, so it lands later) and
+checks its buffers as soon as the call returns, without synchronising anything: a call that does not
+order itself after the caller's work, or returns before its kernels have run, gives wrong results.
+
+    mpiexec -n 4 python device_ipc.py --gpus distinct [--forget peer|caller] [--expect staged]
+
+--gpus: which stand-in GPU each rank uses: shared (all one), distinct (one each), pairs (two per GPU).
+--forget plants a missing wait (ForgetfulDevice below); the job must then fail.
+--memory cupy runs the same cases on cupy arrays on the real GPUs (local rank % GPUs), where a check
+reads its buffer with cupy's get(), which waits for the legacy default stream only.
+"""
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import numpy
+from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "stand_ins"))
+
+import cpu_device  # noqa: E402
+from worker_util import OPS, Worker, contribution, dtype_list, expected_reduction, op_list, valid  # noqa: E402
+
+SIZES = [1, 333, 5003]  # 5003 float64s make a slice for each of 4 owners (slices are 256-byte aligned)
+SEED = 7
+
+
+class ForgetfulDevice(cpu_device.CpuDevice):
+    """A stand-in device with a planted bug: it drops one kind of wait. "peer": an owner's stream waits on
+    the other ranks' ready events; "caller": the stream wait that orders a call after the caller's stream;
+    "done": the host's waits for the kernels to finish before the call returns."""
+
+    def __init__(self, forget, **kwargs):
+        super().__init__(**kwargs)
+        self.forget = forget
+
+    def wait(self, stream, event):
+        foreign = event.mapping is not self._events
+        if self.forget == ("peer" if foreign else "caller"):
+            return
+        super().wait(stream, event)
+
+    def synchronize(self, event):
+        if self.forget != "done":
+            super().synchronize(event)
+
+
+def gpu_of(local_rank, layout):
+    return {"shared": 0, "distinct": local_rank, "pairs": local_rank // 2}[layout]
+
+
+class StandInMemory:
+    """Buffers on the stand-in device; `peek` reads them without waiting for anything."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def array(self, n, dtype):
+        return self.device.array((n,), dtype)
+
+    def stream(self):
+        return self.device.new_stream()
+
+    def write(self, buf, values, stream):
+        buf.write(values, stream)
+
+    def peek(self, buf):
+        return buf.peek()
+
+
+class CupyMemory:
+    """Buffers on this rank's GPU as cupy arrays."""
+
+    def __init__(self, local_rank):
+        import cupy
+        self.cupy = cupy
+        cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+
+    def array(self, n, dtype):
+        return self.cupy.empty(n, dtype)
+
+    def stream(self):
+        return self.cupy.cuda.Stream(non_blocking=True)
+
+    def write(self, buf, values, stream):
+        buf.set(numpy.ascontiguousarray(values), stream=stream)
+
+    def peek(self, buf):
+        return buf.get()
+
+
+class Runner:
+    def __init__(self, w, memory):
+        self.w, self.memory = w, memory
+        self.streams = [None, memory.stream()]
+        self.rotation = itertools.count()
+        self.calls = 0  # those that must take the direct path
+
+    def choose(self, options):
+        return options[next(self.rotation) % len(options)]
+
+    def call(self, name, *args, stream):
+        """The collective `name` (blocking, or its I* form finished by Wait), on `stream`."""
+        comm = self.w.comm
+        if self.choose([False, True]):
+            getattr(comm, "I" + name.lower())(*args, stream=stream).Wait()
+        else:
+            getattr(comm, name)(*args, stream=stream)
+
+    def reduction(self, kind, op, dtype, n, root, in_place, stream):
+        w, rank = self.w, self.w.rank
+        self.w.case(f"{kind} {op} {dtype} n={n} root={root} in_place={in_place} stream={stream is not None}")
+        inputs = [contribution(op, dtype, n, r, w.cases) for r in range(w.size)]
+        expected = expected_reduction(op, inputs)
+        receives = kind == "allreduce" or rank == root
+        memory = self.memory
+        send = memory.array(n, dtype)
+        recv = memory.array(n, dtype) if receives else None
+        if in_place and receives:
+            memory.write(recv, inputs[rank], stream)
+            send = MPI.IN_PLACE
+        else:
+            memory.write(send, inputs[rank], stream)
+            if receives:
+                memory.write(recv, numpy.zeros(n, dtype), stream)
+        if kind == "reduce":
+            self.call("Reduce", send, recv, OPS[op], root, stream=stream)
+        else:
+            self.call("Allreduce", send, recv, OPS[op], stream=stream)
+        self.calls += n > 0  # empty buffers are staged
+        if receives:
+            w.check(memory.peek(recv), expected, "result")
+        if send is not MPI.IN_PLACE:
+            w.check(memory.peek(send), inputs[rank], "send buffer (must be left as it was)")
+
+    def bcast(self, dtype, n, root, stream):
+        w = self.w
+        w.case(f"bcast {dtype} n={n} root={root} stream={stream is not None}")
+        data = contribution("sum", dtype, n, root, w.cases)
+        buf = self.memory.array(n, dtype)
+        self.memory.write(buf, data if w.rank == root else numpy.zeros(n, dtype), stream)
+        self.call("Bcast", buf, root, stream=stream)
+        self.calls += n > 0
+        w.check(self.memory.peek(buf), data, "broadcast buffer")
+
+    def repeated(self, dtype=numpy.float32, n=2048, times=4):
+        """The same buffers again and again: their handles are opened once (the registration cache)."""
+        w, memory = self.w, self.memory
+        send, recv = memory.array(n, dtype), memory.array(n, dtype)
+        opened = []
+        for time in range(times):
+            w.case(f"repeated allreduce {time}")
+            inputs = [contribution("sum", dtype, n, r, w.cases) for r in range(w.size)]
+            memory.write(send, inputs[w.rank], None)
+            w.comm.Allreduce(send, recv, MPI.SUM)
+            self.calls += 1
+            w.check(memory.peek(recv), expected_reduction("sum", inputs), "result")
+            opened.append(sum(state.peers.opens for state in w.comm.device_ipc._states.values()))
+        w.check_true(opened[-1] == opened[0], f"handles were opened again for the same buffers: {opened}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gpus", choices=["shared", "distinct", "pairs"], default="shared")
+    parser.add_argument("--forget", choices=["peer", "caller", "done"])
+    parser.add_argument("--expect", choices=["direct", "staged"], default="direct")
+    parser.add_argument("--memory", choices=["stand-in", "cupy"], default="stand-in")
+    parser.add_argument("--ops", default="all")
+    parser.add_argument("--dtypes", default="all")
+    args = parser.parse_args()
+    local_rank = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+    if args.memory == "cupy":
+        memory = CupyMemory(local_rank)
+    else:
+        options = dict(gpu=gpu_of(local_rank, args.gpus), seed=SEED + MPI.COMM_WORLD.Get_rank())
+        device = ForgetfulDevice(args.forget, **options) if args.forget else cpu_device.CpuDevice(**options)
+        cpu_device.register(device)
+        memory = StandInMemory(device)
+    w = Worker()
+    direct = args.expect == "direct"
+    w.check_true(bool(w.comm.describe()) and (w.comm.device_ipc is not None) == direct,
+                 f"SCAFFE_DEVICE_PATH should have given the {args.expect} path")
+    runner = Runner(w, memory)
+    dtypes = dtype_list(args.dtypes)
+    for op, dtype in ((op, dtype) for dtype in dtypes for op in op_list(args.ops) if valid(op, dtype)):
+        for kind in ("reduce", "allreduce"):
+            runner.reduction(kind, op, dtype, runner.choose(SIZES), runner.choose(range(w.size)),
+                             runner.choose([False, True, False]), runner.choose(runner.streams))
+    for dtype in dtypes:
+        runner.bcast(dtype, runner.choose(SIZES), runner.choose(range(w.size)), runner.choose(runner.streams))
+    runner.reduction("allreduce", "sum", numpy.dtype(numpy.int32), 0, 0, False, None)
+    if direct:
+        runner.repeated()
+        w.check_true(w.comm.device_ipc.calls == runner.calls,
+                     f"{w.comm.device_ipc.calls} of {runner.calls} calls took the direct path")
+    w.done(f"device-ipc-{args.memory}-{args.gpus}")
+
+
+if __name__ == "__main__":
+    main()
