@@ -102,82 +102,112 @@ def reduce(comm, own, out, op, parent, children, chunk, scratch, direct):
         return
     with device.current():
         if children or parent is not None:
-            _reduce(comm, own, out, op, parent, children, chunk, scratch, direct, pieces)
+            _ReducePipeline(comm, own, out, op, parent, children, chunk, scratch, direct, pieces).run()
         elif out is not own:
             device.copy(out, own, scratch.compute)
         for stream in (scratch.compute, scratch.upload, scratch.download):
             device.synchronize_stream(stream)  # `out` is complete, and the next call may reuse every slot
 
 
-def _reduce(comm, own, out, op, parent, children, chunk, scratch, direct, pieces):
-    device, upload, download, compute = scratch.device, scratch.upload, scratch.download, scratch.compute
-    landed, reduced, fetched = scratch.landed, scratch.reduced, scratch.fetched
-    dtype = numpy.dtype(own.dtype)
-    device_in = [scratch.slots(("in", i), chunk, dtype, pinned=False) for i in range(len(children))]
-    host_in = None if direct else [scratch.slots(("in", i), chunk, dtype, pinned=True) for i in range(len(children))]
-    device_out = scratch.slots("out", chunk, dtype, pinned=False) if children and parent is not None else None
-    host_out = scratch.slots("out", chunk, dtype, pinned=True) if parent is not None and not direct else None
-    recvs, sends = {}, [None] * _DEPTH
+class _ReducePipeline:
+    """One rank's part of `reduce` on a tree with more than one rank: the chunk buffers, the MPI requests
+    in flight and the steps of a chunk (receive, upload, reduce, download, send up)."""
 
-    def post(c):
-        if c < len(pieces):
-            width, d = _width(pieces[c]), c % _DEPTH
-            into = device_in if direct else host_in
-            recvs[c] = [comm.Irecv(device.mpi_buffer(into[i][d][:width]) if direct else into[i][d][:width],
-                                   child, _TAG) for i, child in enumerate(children)]
+    def __init__(self, comm, own, out, op, parent, children, chunk, scratch, direct, pieces):
+        self.comm, self.own, self.out, self.op = comm, own, out, op
+        self.parent, self.children, self.direct, self.pieces = parent, children, direct, pieces
+        self.device, self.upload, self.download, self.compute = (scratch.device, scratch.upload, scratch.download,
+                                                                 scratch.compute)
+        self.landed, self.reduced, self.fetched = scratch.landed, scratch.reduced, scratch.fetched
+        dtype = numpy.dtype(own.dtype)
+        fan_in = range(len(children))
+        self.device_in = [scratch.slots(("in", i), chunk, dtype, pinned=False) for i in fan_in]
+        self.host_in = None if direct else [scratch.slots(("in", i), chunk, dtype, pinned=True) for i in fan_in]
+        has_parent = parent is not None
+        self.device_out = scratch.slots("out", chunk, dtype, pinned=False) if children and has_parent else None
+        self.host_out = scratch.slots("out", chunk, dtype, pinned=True) if has_parent and not direct else None
+        self.recvs, self.sends = {}, [None] * _DEPTH
 
-    def finish(c):
+    def run(self):
+        for c in range(_DEPTH):
+            self._post(c)
+        for c, s in enumerate(self.pieces):
+            d, width = c % _DEPTH, _width(s)
+            source = self._reduce_chunk(c, d, width) if self.children else self.own[s]
+            if self.parent is not None and not self.direct:
+                self._fetch(d, width, source)
+            if c > 0:
+                self._finish(c - 1)
+        self._finish(len(self.pieces) - 1)
+        MPI.Request.Waitall([r for r in self.sends if r is not None])
+
+    def _post(self, c):
+        """Receive chunk c from every child into slot c % _DEPTH (pinned, or the device slot when direct)."""
+        if c < len(self.pieces):
+            width, d = _width(self.pieces[c]), c % _DEPTH
+            if self.direct:
+                into = [self.device.mpi_buffer(slots[d][:width]) for slots in self.device_in]
+            else:
+                into = [slots[d][:width] for slots in self.host_in]
+            self.recvs[c] = [self.comm.Irecv(buffer, child, _TAG) for buffer, child in zip(into, self.children)]
+
+    def _reduce_chunk(self, c, d, width):
+        """Sum chunk c of `own` and the children's on the compute stream; returns where the sum goes."""
+        MPI.Request.Waitall(self.recvs.pop(c))
+        if not self.direct:
+            self._land(d, width)
+        target = self._reduce_target(c, d, width)
+        inputs = [self.own[self.pieces[c]]] + [slots[d][:width] for slots in self.device_in]
+        self.device.reduce([target], inputs, self.op, self.compute)
+        self.device.record(self.reduced[d], self.compute)
+        return target
+
+    def _land(self, d, width):
+        """Copy the children's pinned chunks of slot d to the device slot, on the upload stream."""
+        device = self.device
+        device.wait(self.upload, self.reduced[d])  # the reduce of chunk c-2 has read the device slot
+        for device_slots, host_slots in zip(self.device_in, self.host_in):
+            device.copy(device_slots[d][:width], host_slots[d][:width], self.upload)
+        device.record(self.landed[d], self.upload)
+        device.wait(self.compute, self.landed[d])  # the kernel reads what the copies wrote
+
+    def _reduce_target(self, c, d, width):
+        """`out` at the root; elsewhere device slot d, once chunk c-2 has left it."""
+        if self.parent is None:
+            return self.out[self.pieces[c]]
+        if self.direct and self.sends[d] is not None:
+            self.sends[d].Wait()  # MPI has read chunk c-2 from the device slot
+        elif not self.direct:
+            self.device.wait(self.compute, self.fetched[d])  # the copy of chunk c-2 has read the device slot
+        return self.device_out[d][:width]
+
+    def _fetch(self, d, width, source):
+        """Copy the chunk to send up from the device to pinned slot d, on the download stream."""
+        if self.sends[d] is not None:
+            self.sends[d].Wait()  # MPI has sent chunk c-2 from the pinned slot
+        if self.children:
+            self.device.wait(self.download, self.reduced[d])  # the copy reads the reduced chunk
+        self.device.copy(self.host_out[d][:width], source, self.download)
+        self.device.record(self.fetched[d], self.download)
+
+    def _finish(self, c):
         """The host's part of chunk c, done while the device works on chunk c+1."""
-        d, width = c % _DEPTH, _width(pieces[c])
-        if parent is not None:
-            if direct:
-                if children:
-                    device.synchronize(reduced[d])  # MPI reads the reduced chunk from the device
-                source = device_out[d][:width] if children else own[pieces[c]]
-                sends[d] = comm.Isend(device.mpi_buffer(source), parent, _TAG)
-            else:
-                device.synchronize(fetched[d])  # MPI reads the pinned copy of the chunk
-                sends[d] = comm.Isend(host_out[d][:width], parent, _TAG)
-        if children:
+        d, width = c % _DEPTH, _width(self.pieces[c])
+        if self.parent is not None:
+            self.sends[d] = self._send_up(c, d, width)
+        if self.children:
             # The receive buffers of slot d take chunk c+2 once chunk c has left them.
-            device.synchronize(reduced[d] if direct else landed[d])
-            post(c + _DEPTH)
+            self.device.synchronize(self.reduced[d] if self.direct else self.landed[d])
+            self._post(c + _DEPTH)
 
-    for c in range(_DEPTH):
-        post(c)
-    for c, s in enumerate(pieces):
-        d, width = c % _DEPTH, _width(s)
-        source = own[s]
-        if children:
-            MPI.Request.Waitall(recvs.pop(c))
-            if not direct:
-                device.wait(upload, reduced[d])  # the reduce of chunk c-2 has read the device slot
-                for i in range(len(children)):
-                    device.copy(device_in[i][d][:width], host_in[i][d][:width], upload)
-                device.record(landed[d], upload)
-                device.wait(compute, landed[d])  # the kernel reads what the copies wrote
-            if parent is None:
-                target = out[s]
-            else:
-                target = device_out[d][:width]
-                if direct and sends[d] is not None:
-                    sends[d].Wait()  # MPI has read chunk c-2 from the device slot
-                elif not direct:
-                    device.wait(compute, fetched[d])  # the copy of chunk c-2 has read the device slot
-            device.reduce([target], [source] + [device_in[i][d][:width] for i in range(len(children))], op, compute)
-            device.record(reduced[d], compute)
-            source = target
-        if parent is not None and not direct:
-            if sends[d] is not None:
-                sends[d].Wait()  # MPI has sent chunk c-2 from the pinned slot
-            if children:
-                device.wait(download, reduced[d])  # the copy reads the reduced chunk
-            device.copy(host_out[d][:width], source, download)
-            device.record(fetched[d], download)
-        if c > 0:
-            finish(c - 1)
-    finish(len(pieces) - 1)
-    MPI.Request.Waitall([r for r in sends if r is not None])
+    def _send_up(self, c, d, width):
+        if not self.direct:
+            self.device.synchronize(self.fetched[d])  # MPI reads the pinned copy of the chunk
+            return self.comm.Isend(self.host_out[d][:width], self.parent, _TAG)
+        if self.children:
+            self.device.synchronize(self.reduced[d])  # MPI reads the reduced chunk from the device
+        source = self.device_out[d][:width] if self.children else self.own[self.pieces[c]]
+        return self.comm.Isend(self.device.mpi_buffer(source), self.parent, _TAG)
 
 
 def bcast(comm, buf, parent, children, chunk, scratch, direct):

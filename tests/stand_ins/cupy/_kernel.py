@@ -46,23 +46,36 @@ class ElementwiseKernel:
         if len(args) != len(params):
             raise TypeError(f"Wrong number of arguments for {self.name!r}: expected {len(params)}, "
                             f"got {len(args)}")
-        type_of = {}
-        bound = {}
-        for (is_raw, type_name, name), value in zip(params, args):
-            if isinstance(value, ndarray):
-                if type_name[0].isupper():
-                    previous = type_of.setdefault(type_name, value.dtype)
-                    if previous != value.dtype:
-                        raise TypeError(f"{self.name}: type {type_name} is both {previous} and {value.dtype}")
-                elif numpy.dtype(type_name) != value.dtype and not is_raw:
-                    raise TypeError(f"{self.name}: {name} must be {type_name}, got {value.dtype}")
-                bound[name] = value._array
-            elif is_raw or (is_raw, type_name, name) in self.out_params:
-                raise TypeError(f"{self.name}: {name} must be a cupy.ndarray, not {type(value)}")
-            elif isinstance(value, numpy.ndarray):
-                raise TypeError(f"Unsupported type {type(value)}")
-            else:  # a scalar, cast to the declared C type as cupy does
-                bound[name] = numpy.dtype(type_name).type(value) if not type_name[0].isupper() else value
+        type_of, bound = {}, {}
+        for param, value in zip(params, args):
+            bound[param[2]] = self._bind(param, value, type_of)
+        count = self._loop_size(params, args, size)
+        for first in range(0, count, _BLOCK):  # in blocks, so the twins' index arrays stay small
+            twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
+        outputs = args[len(self.in_params):]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _bind(self, param, value, type_of):
+        """What the twin gets for `value` passed as `param`; `type_of` collects the dtypes of the type
+        parameters (T) seen so far, which must agree."""
+        is_raw, type_name, name = param
+        if isinstance(value, ndarray):
+            if type_name[0].isupper():
+                previous = type_of.setdefault(type_name, value.dtype)
+                if previous != value.dtype:
+                    raise TypeError(f"{self.name}: type {type_name} is both {previous} and {value.dtype}")
+            elif numpy.dtype(type_name) != value.dtype and not is_raw:
+                raise TypeError(f"{self.name}: {name} must be {type_name}, got {value.dtype}")
+            return value._array
+        if is_raw or param in self.out_params:
+            raise TypeError(f"{self.name}: {name} must be a cupy.ndarray, not {type(value)}")
+        if isinstance(value, numpy.ndarray):
+            raise TypeError(f"Unsupported type {type(value)}")
+        # a scalar, cast to the declared C type as cupy does
+        return numpy.dtype(type_name).type(value) if not type_name[0].isupper() else value
+
+    def _loop_size(self, params, args, size):
+        """The number of loop indices: the size of the elementwise arrays (all one shape), else `size`."""
         elementwise = [value._array for (is_raw, _, _), value in zip(params, args)
                        if not is_raw and isinstance(value, ndarray)]
         if elementwise:
@@ -70,15 +83,10 @@ class ElementwiseKernel:
             if len(shapes) != 1:
                 raise ValueError(f"{self.name}: elementwise arguments have shapes {sorted(shapes)}; the stand-in "
                                  f"does not broadcast")
-            count = elementwise[0].size
-        elif size is not None:
-            count = int(size)
-        else:
-            raise ValueError(f"{self.name}: loop size is undecided")
-        for first in range(0, count, _BLOCK):  # in blocks, so the twins' index arrays stay small
-            twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
-        outputs = args[len(self.in_params):]
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            return elementwise[0].size
+        if size is not None:
+            return int(size)
+        raise ValueError(f"{self.name}: loop size is undecided")
 
 
 class RawKernel:
