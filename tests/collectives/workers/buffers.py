@@ -338,7 +338,7 @@ def check_fallbacks(w):
 
 def check_repeats(w):
     """The same arrays in call after call, changed in place in between: what was remembered of them
-    (`_FastPath`) must not outlive the change, and every rank must still pick the same algorithm."""
+    (`collectives.latency.Seen`) must not outlive the change, and every rank must still pick the same algorithm."""
     comm, rank = w.comm, w.rank
     n = 10
     send, recv, buf = numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32)
