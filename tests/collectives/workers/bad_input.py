@@ -5,7 +5,7 @@ can make, such as a read-only receive buffer, is made by the root alone). After 
 one correct Allreduce and check it, which fails or hangs if the bad call had sent or posted anything.
 Every case is tried with the blocking call and, where there is one, its I* form, on small buffers and
 then on large ones after correct large calls: `Comm` builds a repeated large call of an (op, dtype) it
-has computed before on a shortcut (`_FastPath.call`), which must let none of these through.
+has computed before on a shortcut (`Lane.computed_call`), which must let none of these through.
 
     mpiexec -n 2 python bad_input.py
 """

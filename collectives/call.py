@@ -1,0 +1,30 @@
+"""A validated collective (`Call`) and how it runs (`Plan`): what Comm's "validate, pick, run" hand on."""
+
+
+class Call:
+    """One validated collective: flat numpy views of its buffers, its op and root.
+
+    `send` is None for a Bcast (its buffer is `recv`), `recv` None on a Reduce rank that receives
+    nothing. `staging` is set when device buffers stand behind the host views; `computed` is False when
+    only native MPI can do the work (which, staged, it does on the host views rather than the user's buffers).
+    `device` is set when send and recv are device views that collectives.algorithms.device reduces directly.
+    """
+
+    __slots__ = ("kind", "send", "recv", "op", "op_name", "root", "dtype", "nbytes", "staging", "computed", "device")
+
+    def __init__(self, kind, send, recv, op, name, root, staging=None, computed=True, device=None):
+        self.kind, self.send, self.recv = kind, send, recv
+        self.op, self.op_name, self.root = op, name, root
+        message = send if send is not None else recv
+        self.dtype, self.nbytes = message.dtype, message.nbytes
+        self.staging, self.computed, self.device = staging, computed, device
+
+
+class Plan:
+    """How a call runs: `work()` (one of our algorithms, staged for device buffers), else the wrapped MPI's
+    method, on the user's own arguments or, with `staging`, on `host_args`, the host stand-ins of device buffers."""
+
+    __slots__ = ("nbytes", "work", "staging", "host_args")
+
+    def __init__(self, nbytes, work=None, staging=None, host_args=None):
+        self.nbytes, self.work, self.staging, self.host_args = nbytes, work, staging, host_args
