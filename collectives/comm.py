@@ -43,6 +43,13 @@ def _nbytes(buf, recvbuf):
     return 0 if parsed is None or parsed.array is None else parsed.array.nbytes
 
 
+def _user_args(kind, buf, recvbuf, op, root):
+    """The wrapped MPI method's arguments as the user passed them: Reduce's four, Allreduce's three, Bcast's two."""
+    if kind == "reduce":
+        return buf, recvbuf, op, root
+    return (buf, recvbuf, op) if kind == "allreduce" else (buf, root)
+
+
 def _host_args(call):
     """The wrapped MPI method's arguments for `call` on the host stand-ins of its device buffers."""
     send = MPI.IN_PLACE if call.send is call.recv else call.send
@@ -169,51 +176,82 @@ class Comm(MPI.Intracomm):
 
     # -- the overrides: mpi4py's signatures; each names the wrapped MPI's method it stands in for -------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
-        return self._collective(MPI.Intracomm.Reduce, (sendbuf, recvbuf, op, root), stream, sendbuf, recvbuf, op, root)
+        return self._collective(MPI.Intracomm.Reduce, stream, sendbuf, recvbuf, op, root)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
-        return self._collective(MPI.Intracomm.Allreduce, (sendbuf, recvbuf, op), stream, sendbuf, recvbuf, op, 0)
+        return self._collective(MPI.Intracomm.Allreduce, stream, sendbuf, recvbuf, op, 0)
 
     def Bcast(self, buf, root=0, stream=None):
-        return self._collective(MPI.Intracomm.Bcast, (buf, root), stream, buf, None, None, root)
+        return self._collective(MPI.Intracomm.Bcast, stream, buf, None, None, root)
 
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
-        return self._collective(MPI.Intracomm.Ireduce, (sendbuf, recvbuf, op, root), stream, sendbuf, recvbuf, op, root)
+        return self._collective(MPI.Intracomm.Ireduce, stream, sendbuf, recvbuf, op, root)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
-        return self._collective(MPI.Intracomm.Iallreduce, (sendbuf, recvbuf, op), stream, sendbuf, recvbuf, op, 0)
+        return self._collective(MPI.Intracomm.Iallreduce, stream, sendbuf, recvbuf, op, 0)
 
     def Ibcast(self, buf, root=0, stream=None):
-        return self._collective(MPI.Intracomm.Ibcast, (buf, root), stream, buf, None, None, root)
+        return self._collective(MPI.Intracomm.Ibcast, stream, buf, None, None, root)
 
     # -- validate, pick, run ------------------------------------------------------------------------
-    def _collective(self, native, args, stream, buf, recvbuf, op, root):
-        """One call of an override: `native(self, *args)` is the wrapped MPI's, with the user's arguments;
-        (buf, recvbuf, op, root) is the same call in the shape all kinds share (a Bcast's buffer is `buf`)."""
+    def _collective(self, native, stream, buf, recvbuf, op, root):
+        """One call of an override: `native` is the wrapped MPI's method; (buf, recvbuf, op, root) is the
+        user's call in the shape all kinds share (a Bcast's buffer is `buf`; see _user_args)."""
         lanes = self._lanes
         lane = (lanes if lanes is not None else self._setup())[native]
         seen = lane.seen
         if seen is not None:
-            if seen.matches(buf, recvbuf, op, root):
-                algorithm = seen.algorithm
-                if algorithm is None:
-                    try:
-                        return self._native(lane, native, args, lane.event_name, seen.nbytes)
-                    except _REJECTED:
-                        seen.forget()  # an array changed in place: the full validation says how
-                elif stream is None:
-                    call = lane.plain_call(seen.op_name, buf, recvbuf, op, root)
-                    if call is not None:
-                        work = lambda: algorithm(self, call)  # noqa: E731
-                        return self._execute(lane, native, args, Plan(call.nbytes, work), lane.event_name)
+            # Seen's record compared inline (a method call is a measurable part of this path); the type is
+            # tested before looking inside, since a new object can get a freed one's id.
+            if (id(buf) == seen.send_id and id(recvbuf) == seen.recv_id and op is seen.op and root == seen.root
+                    and type(buf) is numpy.ndarray and buf.dtype is seen.dtype and buf.nbytes == seen.nbytes):
+                if seen.algorithm is not None or not lane.blocking:
+                    return self._repeat(lane, native, stream, buf, recvbuf, op, root)
+                # The wrapped MPI's call made and reported inline, its arguments spelled out: a Python call
+                # or an argument tuple more is a measurable part of this path.
+                name, kind = lane.event_name, lane.kind
+                op_id = started(name, seen.nbytes)
+                try:
+                    if kind == "reduce":
+                        return native(self, buf, recvbuf, op, root)
+                    if kind == "allreduce":
+                        return native(self, buf, recvbuf, op)
+                    return native(self, buf, root)
+                except _REJECTED:
+                    seen.forget()  # an array changed in place: the full validation says how
+                finally:
+                    finished(name, op_id)
             elif lane.goes_native(buf, recvbuf, op, root):
                 seen.remember(buf, recvbuf, op, root)
-                return self._native(lane, native, args, lane.event_name, buf.nbytes)
-        call = lane.computed_call(buf, recvbuf, op, root) if seen is not None else None
+                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root), lane.event_name,
+                                    buf.nbytes)
+        return self._validated(lane, native, stream, buf, recvbuf, op, root)
+
+    def _repeat(self, lane, native, stream, buf, recvbuf, op, root):
+        """A call that repeats the one `lane.seen` remembers: an I* call that went native, or one that our
+        algorithm ran (again on the same arrays, unless a stream asks for the full path's synchronisation)."""
+        seen = lane.seen
+        algorithm = seen.algorithm
+        if algorithm is None:
+            try:
+                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root), lane.event_name,
+                                    seen.nbytes)
+            except _REJECTED:
+                seen.forget()  # an array changed in place: the full validation says how
+        elif stream is None:
+            call = lane.plain_call(seen.op_name, buf, recvbuf, op, root)
+            if call is not None:
+                work = lambda: algorithm(self, call)  # noqa: E731
+                return self._execute(lane, native, None, Plan(call.nbytes, work), lane.event_name)
+        return self._validated(lane, native, stream, buf, recvbuf, op, root)
+
+    def _validated(self, lane, native, stream, buf, recvbuf, op, root):
+        """A call through the full validation (or the Call its (op, dtype) pair makes without it)."""
+        call = lane.computed_call(buf, recvbuf, op, root) if lane.seen is not None else None
         if call is None:
             call = self._validate(lane.kind, buf, recvbuf, op, root)
-        return self._execute(lane, native, args, self._offload(lane, call, stream, buf, recvbuf),
-                             with_label(lane.event_name))
+        return self._execute(lane, native, _user_args(lane.kind, buf, recvbuf, op, root),
+                             self._offload(lane, call, stream, buf, recvbuf), with_label(lane.event_name))
 
     def _offload(self, lane, call, stream, buf, recvbuf):
         """The Plan of a validated call (None: one the wrapped MPI runs with the user's own arguments).

@@ -16,9 +16,9 @@ class Seen:
     """The last call of one kind (Reduce, Allreduce or Bcast, blocking or not) that passed on plain ndarrays.
 
     It keeps the ids of its buffers, not the buffers: remembering a call must not keep them alive, and
-    `matches` tests the type before looking inside because a new object can get a freed one's id. It
-    keeps the dtype and size, which an array can change in place (`a.dtype = ...`, `a.resize(...)`) and
-    which decide the algorithm, on which all ranks must agree. Whatever else an array can change in place
+    Comm._collective, which compares a call with it, tests the type before looking inside because a new
+    object can get a freed one's id. It keeps the dtype and size, which an array can change in place
+    (`a.dtype = ...`, `a.resize(...)`) and which decide the algorithm, on which all ranks must agree. Whatever else an array can change in place
     (strides, the writeable flag) mpi4py rejects before calling MPI; the caller then forgets the record.
     `algorithm` is None when native MPI ran the call, else it and `op_name` run it again.
     """
@@ -34,10 +34,6 @@ class Seen:
     def remember(self, buf, recvbuf, op, root, algorithm=None, op_name=None):
         self.send_id, self.recv_id, self.op, self.root = id(buf), id(recvbuf), op, root
         self.dtype, self.nbytes, self.algorithm, self.op_name = buf.dtype, buf.nbytes, algorithm, op_name
-
-    def matches(self, buf, recvbuf, op, root):
-        return (id(buf) == self.send_id and id(recvbuf) == self.recv_id and op is self.op and root == self.root
-                and type(buf) is numpy.ndarray and buf.dtype is self.dtype and buf.nbytes == self.nbytes)
 
 
 def _fits(sendbuf, recvbuf):

@@ -31,6 +31,9 @@ SIZES = [1, 333, 5003]  # 5003 float64s make a slice for each of 4 owners (slice
 SEED = 7
 
 
+FORGETFUL_ROUNDS = 10
+
+
 class ForgetfulDevice(cpu_device.CpuDevice):
     """A stand-in device with a planted bug: it drops one kind of wait. "peer": an owner's stream waits on
     the other ranks' ready events; "caller": the stream wait that orders a call after the caller's stream;
@@ -188,12 +191,15 @@ def main():
                  f"SCAFFE_DEVICE_PATH should have given the {args.expect} path")
     runner = Runner(w, memory)
     dtypes = dtype_list(args.dtypes)
-    for op, dtype in ((op, dtype) for dtype in dtypes for op in op_list(args.ops) if valid(op, dtype)):
-        for kind in ("reduce", "allreduce"):
-            runner.reduction(kind, op, dtype, runner.choose(SIZES), runner.choose(range(w.size)),
-                             runner.choose([False, True, False]), runner.choose(runner.streams))
-    for dtype in dtypes:
-        runner.bcast(dtype, runner.choose(SIZES), runner.choose(range(w.size)), runner.choose(runner.streams))
+    # A planted missing wait shows only when a random delay makes data land late: the cases run again
+    # until it does (the first wrong element ends the job), so the test never passes it by luck.
+    for _ in range(FORGETFUL_ROUNDS if args.forget else 1):
+        for op, dtype in ((op, dtype) for dtype in dtypes for op in op_list(args.ops) if valid(op, dtype)):
+            for kind in ("reduce", "allreduce"):
+                runner.reduction(kind, op, dtype, runner.choose(SIZES), runner.choose(range(w.size)),
+                                 runner.choose([False, True, False]), runner.choose(runner.streams))
+        for dtype in dtypes:
+            runner.bcast(dtype, runner.choose(SIZES), runner.choose(range(w.size)), runner.choose(runner.streams))
     runner.reduction("allreduce", "sum", numpy.dtype(numpy.int32), 0, 0, False, None)
     if direct:
         runner.repeated()
