@@ -207,8 +207,8 @@ class Comm(MPI.Intracomm):
                     and type(buf) is numpy.ndarray and buf.dtype is seen.dtype and buf.nbytes == seen.nbytes):
                 if seen.algorithm is not None or not lane.blocking:
                     return self._repeat(lane, native, stream, buf, recvbuf, op, root)
-                # The wrapped MPI's call made and reported inline, its arguments spelled out: a Python call
-                # or an argument tuple more is a measurable part of this path.
+                # The wrapped MPI's call made and reported inline, its arguments spelled out, without a label
+                # (collectives.events.labelled): a Python call more is a measurable part of this path.
                 name, kind = lane.event_name, lane.kind
                 op_id = started(name, seen.nbytes)
                 try:
@@ -223,8 +223,8 @@ class Comm(MPI.Intracomm):
                     finished(name, op_id)
             elif lane.goes_native(buf, recvbuf, op, root):
                 seen.remember(buf, recvbuf, op, root)
-                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root), lane.event_name,
-                                    buf.nbytes)
+                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root),
+                                    with_label(lane.event_name), buf.nbytes)
         return self._validated(lane, native, stream, buf, recvbuf, op, root)
 
     def _repeat(self, lane, native, stream, buf, recvbuf, op, root):
@@ -234,15 +234,15 @@ class Comm(MPI.Intracomm):
         algorithm = seen.algorithm
         if algorithm is None:
             try:
-                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root), lane.event_name,
-                                    seen.nbytes)
+                return self._native(lane, native, _user_args(lane.kind, buf, recvbuf, op, root),
+                                    with_label(lane.event_name), seen.nbytes)
             except _REJECTED:
                 seen.forget()  # an array changed in place: the full validation says how
         elif stream is None:
             call = lane.plain_call(seen.op_name, buf, recvbuf, op, root)
             if call is not None:
                 work = lambda: algorithm(self, call)  # noqa: E731
-                return self._execute(lane, native, None, Plan(call.nbytes, work), lane.event_name)
+                return self._execute(lane, native, None, Plan(call.nbytes, work), with_label(lane.event_name))
         return self._validated(lane, native, stream, buf, recvbuf, op, root)
 
     def _validated(self, lane, native, stream, buf, recvbuf, op, root):

@@ -40,14 +40,15 @@ def nvrtc_compile(source, arch):
         options = [f"--gpu-architecture=sm_{arch}".encode(), *(o.encode() for o in source.options)]
         (result,) = nvrtc.nvrtcCompileProgram(program, len(options), options)
         _, log_size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * log_size
+        # NVRTC writes into these: fresh bytearrays, never bytes (b" " * 1 is the interpreter's shared b" ").
+        log = bytearray(log_size)
         nvrtc.nvrtcGetProgramLog(program, log)
-        cubin = b""
+        cubin = bytearray()
         if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _, cubin_size = nvrtc.nvrtcGetCUBINSize(program)
-            cubin = b" " * cubin_size
+            cubin = bytearray(cubin_size)
             nvrtc.nvrtcGetCUBIN(program, cubin)
-        return result, log.rstrip(b"\0").decode(errors="replace"), cubin
+        return result, bytes(log).rstrip(b"\0").decode(errors="replace"), bytes(cubin)
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
