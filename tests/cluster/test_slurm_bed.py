@@ -27,7 +27,7 @@ def test_srun_scaffe_train(slurm_bed, mnist, tmp_path):
     solver = lenet_solver(tmp_path, test_interval=iterations)
     job = require_ok(run_command(slurm_bed.srun_command("-N", 2, "-n", 4, sys.executable, "-m", "scaffe", "train",
                                                         f"--solver={solver}", f"--iterations={iterations}"),
-                                 env=ONE_THREAD, timeout=300), marker=None)
+                                 env=ONE_THREAD, timeout=120), marker=None)
     log = job.stdout + job.stderr
     assert "Data-parallel training on 4 ranks" in log and "2 node(s)" in log, log[-3000:]
     assert "Optimization Done." in log and Path(tmp_path, f"lenet_iter_{iterations}.caffemodel").exists(), log[-3000:]
