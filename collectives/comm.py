@@ -254,7 +254,7 @@ class Comm(MPI.Intracomm):
                              self._offload(lane, call, stream, buf, recvbuf), with_label(lane.event_name))
 
     def _offload(self, lane, call, stream, buf, recvbuf):
-        """The Plan of a validated call (None: one the wrapped MPI runs with the user's own arguments).
+        """The Plan of a validated call (`call` None: the wrapped MPI runs it with the user's own arguments).
 
         Honours SCAFFE_REDUCE_ALGO; what runs on plain arrays joins the latency path.
         """
