@@ -21,7 +21,7 @@ from scaffe import io as sio
 from scaffe.blob import Blob
 from scaffe.closing import Closing
 from scaffe.insert_splits import insert_splits
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.log import fmt, get_logger
 from scaffe.net_filter import NetError, filter_net
 from scaffe.proto import caffe_pb2

@@ -10,7 +10,7 @@ import os
 import numpy
 
 from scaffe.closing import Closing
-from scaffe.layers import known_types
+from scaffe.layer_impls import known_types
 from scaffe.net import Net as _CoreNet
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import read_solver_file, seed_random, solver_class

@@ -1,7 +1,7 @@
 """AbsVal layer (Caffe's "AbsVal"): |x|, gradient sign(x) (0 at 0)."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

@@ -6,10 +6,10 @@ true class, so ties count against the true class. An optional second top gives p
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
-from scaffe.layers.softmax_loss import gather_labels
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.softmax_loss import gather_labels
 
 
 @register

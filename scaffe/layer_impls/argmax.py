@@ -7,9 +7,9 @@ larger index first, as Caffe's sort of (value, index) pairs does. It has no grad
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -9,9 +9,9 @@ specs to this layer's LayerParameter, as Caffe does, and backward never writes t
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import new_blob
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import new_blob
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 

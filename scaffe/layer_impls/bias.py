@@ -4,9 +4,9 @@ The added blob B covers axes [axis, axis + B.num_axes) of the input; everything 
 everything after "inner", so the operation is y[o, d, i] = x[o, d, i] + B[d]. Scale uses the same views.
 """
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count, filled_blob, param_grad_wanted
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
+from scaffe.layer_impls.layer import Layer
 
 
 def broadcast_axes(layer, bottom_shape, operand_shape, axis):

@@ -1,7 +1,7 @@
 """BNLL layer (Caffe's "BNLL", binomial normal log likelihood): log(1 + exp(x)), computed without overflow."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 # Caffe clamps the exponent in backward at this value so exp() cannot overflow.
 BNLL_THRESHOLD = 50.0

@@ -1,8 +1,8 @@
 """Concat layer (Caffe's "Concat"): joins its bottoms along one axis; backward hands each its slice."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import axis_or_legacy_dim
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import axis_or_legacy_dim
+from scaffe.layer_impls.layer import Layer
 
 
 @register

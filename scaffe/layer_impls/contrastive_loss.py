@@ -3,9 +3,9 @@ pairs at least `margin` apart; bottoms are a, b (N, C, 1, 1) and the similarity 
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, loss_scale
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import LossLayer, loss_scale
+from scaffe.layer_impls.layer import Layer
 
 
 @register

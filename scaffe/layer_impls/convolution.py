@@ -14,9 +14,9 @@ import numpy
 
 from kernels.backend import get_array_module
 from kernels.im2col import col2im, conv_output_size, im2col
-from scaffe.layers import register
-from scaffe.layers._helpers import filled_blob, param_grad_wanted, spatial_geometry
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted, spatial_geometry
+from scaffe.layer_impls.layer import Layer
 
 # Columns per chunk. Measured on a 2-core EPYC (32 MiB L3) with cifar10_quick and LeNet, 4 to 128 MiB
 # were within noise of each other once im2col was fast; 8 MiB keeps the GEMM's operand cache-resident,

@@ -2,9 +2,9 @@
 
 The second bottom only supplies a shape: it never gets a gradient (Caffe leaves it at zero).
 """
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -15,8 +15,8 @@ from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, reso
 from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
 from scaffe.data.prefetch import PrefetchError, Prefetcher
 from scaffe.data.transformer import DataTransformer
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 

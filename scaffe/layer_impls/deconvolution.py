@@ -4,9 +4,9 @@ Forward is the convolution's data-gradient pass (GEMM then col2im), backward's d
 convolution forward, and the weight gradient is the convolution's weight gradient with the roles of
 input and output swapped. Weights are (input channels, num_output / group, kh, kw), as in Caffe.
 """
-from scaffe.layers import register
-from scaffe.layers._helpers import param_grad_wanted
-from scaffe.layers.convolution import _ConvolutionBase
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import param_grad_wanted
+from scaffe.layer_impls.convolution import _ConvolutionBase
 
 
 @register

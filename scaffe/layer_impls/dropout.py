@@ -3,9 +3,9 @@ it by 1 / (1 - ratio), so TEST is the identity."""
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import layer_rng
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import layer_rng
+from scaffe.layer_impls.neuron import NeuronLayer
 from scaffe.proto import caffe_pb2
 
 

@@ -1,8 +1,8 @@
 """DummyData layer: tops of fixed shapes filled by fillers (constant ones once, random ones every pass)."""
 from scaffe.data.layer_support import layer_rng
 from scaffe.fillers import fill
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 

@@ -2,8 +2,8 @@
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 PROD = caffe_pb2.EltwiseParameter.PROD

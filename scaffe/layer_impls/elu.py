@@ -1,7 +1,7 @@
 """ELU layer (Caffe's "ELU"): x for x > 0, alpha * (exp(x) - 1) otherwise."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

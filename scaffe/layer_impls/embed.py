@@ -2,9 +2,9 @@
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import filled_blob, param_grad_wanted
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -1,9 +1,9 @@
 """EuclideanLoss layer (Caffe's "EuclideanLoss"): sum((a - b)^2) / (2 N); gradients flow into both bottoms."""
 import numpy
 
-from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, loss_scale
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import LossLayer, loss_scale
+from scaffe.layer_impls.layer import Layer
 
 
 @register

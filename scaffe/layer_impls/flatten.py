@@ -1,7 +1,7 @@
 """Flatten layer (Caffe's "Flatten"): merges axes axis..end_axis into one; values are unchanged."""
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
 
 
 @register

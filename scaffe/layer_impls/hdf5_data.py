@@ -4,8 +4,8 @@ import os
 from scaffe.data.hdf5_source import HDF5Source, read_source_list
 from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
 from scaffe.data.sharding import ShardSpec
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -2,10 +2,10 @@
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, loss_scale
-from scaffe.layers.layer import Layer
-from scaffe.layers.softmax_loss import gather_labels
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import LossLayer, loss_scale
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.softmax_loss import gather_labels
 from scaffe.proto import caffe_pb2
 
 

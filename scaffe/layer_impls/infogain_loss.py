@@ -7,12 +7,12 @@ import numpy
 
 from kernels.backend import get_array_module
 from scaffe import io as sio
-from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, canonical_axis, count, loss_scale, normalization_mode, normalizer
-from scaffe.layers.layer import Layer
-from scaffe.layers.multinomial_logistic_loss import LOG_THRESHOLD
-from scaffe.layers.softmax import softmax
-from scaffe.layers.softmax_loss import gather_labels
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import LossLayer, canonical_axis, count, loss_scale, normalization_mode, normalizer
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.multinomial_logistic_loss import LOG_THRESHOLD
+from scaffe.layer_impls.softmax import softmax
+from scaffe.layer_impls.softmax_loss import gather_labels
 
 
 @register

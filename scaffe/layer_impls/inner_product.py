@@ -1,8 +1,8 @@
 """InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count, filled_blob, param_grad_wanted
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
+from scaffe.layer_impls.layer import Layer
 
 
 @register

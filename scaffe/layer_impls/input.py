@@ -1,6 +1,6 @@
 """Input layer: tops whose contents the caller writes (deploy nets, `net.blobs['data'].data[...] = x`)."""
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -1,7 +1,7 @@
 """LRN layer (Caffe's "LRN"): local response normalization across or within channels (kernels/lrn.py)."""
 from kernels.lrn import lrn_backward, lrn_forward
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -2,8 +2,8 @@
 import numpy
 
 from scaffe.data.layer_support import copy_to_blob
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -1,7 +1,7 @@
 """MVN layer (Caffe's "MVN"): subtracts the mean and optionally divides by (std + eps), per item and
 channel (or per item with across_channels). Backward uses Caffe's formula, which treats eps as 0."""
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

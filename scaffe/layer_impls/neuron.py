@@ -1,6 +1,6 @@
 """NeuronLayer: the base of element-wise layers (one bottom, one top of the same shape, in place allowed)."""
 from kernels.backend import get_array_module
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls.layer import Layer
 
 
 class NeuronLayer(Layer):

@@ -3,9 +3,9 @@
 The top *is* the parameter (same data and gradient arrays), so whatever a consumer writes into the
 top's gradient is the parameter's gradient, as in Caffe. The blob starts at zero.
 """
-from scaffe.layers import register
-from scaffe.layers._helpers import new_blob
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import new_blob
+from scaffe.layer_impls.layer import Layer
 
 
 @register

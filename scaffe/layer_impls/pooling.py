@@ -7,8 +7,8 @@ import numpy
 
 from kernels.backend import get_array_module
 from kernels.pooling import ave_pool_backward, ave_pool_forward, max_pool_backward, max_pool_forward, pooled_size
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 MAX = caffe_pb2.PoolingParameter.MAX

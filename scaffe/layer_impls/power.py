@@ -1,7 +1,7 @@
 """Power layer (Caffe's "Power"): (shift + scale * x) ^ power."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

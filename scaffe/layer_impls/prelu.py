@@ -1,8 +1,8 @@
 """PReLU layer (Caffe's "PReLU"): max(x, 0) + a_c * min(x, 0) with a learned slope per channel (or shared)."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import filled_blob, param_grad_wanted
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 

@@ -1,8 +1,8 @@
 """Reduction layer (Caffe's "Reduction"): SUM, ASUM, SUMSQ or MEAN over all axes from `axis` on, times coeff."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 _OPS = caffe_pb2.ReductionParameter

@@ -1,7 +1,7 @@
 """ReLU layer (Caffe's "ReLU"): max(x, 0) + negative_slope * min(x, 0)."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

@@ -1,7 +1,7 @@
 """Reshape layer (Caffe's "Reshape"): new shape for axes [axis, axis + num_axes); dim 0 copies, -1 infers."""
-from scaffe.layers import register
-from scaffe.layers._helpers import count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import count
+from scaffe.layer_impls.layer import Layer
 
 
 @register

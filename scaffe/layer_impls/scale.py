@@ -4,10 +4,10 @@ Broadcasting follows Bias (see bias.py). Blobs: [scale, bias] with one bottom, [
 and bias_term, as in Caffe. Backward needs the input, so a copy is kept when the layer runs in place.
 """
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import filled_blob, param_grad_wanted
-from scaffe.layers.bias import broadcast_axes, operand_blob_shape, reduce_to_operand
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted
+from scaffe.layer_impls.bias import broadcast_axes, operand_blob_shape, reduce_to_operand
+from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
 

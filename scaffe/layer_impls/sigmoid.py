@@ -1,7 +1,7 @@
 """Sigmoid layer (Caffe's "Sigmoid"): 1 / (1 + exp(-x)), computed as 0.5 tanh(0.5 x) + 0.5 like Caffe."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 def sigmoid(x, out=None):

@@ -6,10 +6,10 @@ the other losses. Targets equal to `ignore_label` are skipped.
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import LossLayer, count, loss_scale, normalization_mode, normalizer
-from scaffe.layers.layer import Layer
-from scaffe.layers.sigmoid import sigmoid
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import LossLayer, count, loss_scale, normalization_mode, normalizer
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.sigmoid import sigmoid
 from scaffe.proto import caffe_pb2
 
 

@@ -1,6 +1,6 @@
 """Silence layer (Caffe's "Silence"): consumes blobs so they are not net outputs; gradient zero."""
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

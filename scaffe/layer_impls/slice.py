@@ -1,8 +1,8 @@
 """Slice layer (Caffe's "Slice"): cuts its bottom along one axis at slice points (or into equal parts)."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import axis_or_legacy_dim
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import axis_or_legacy_dim
+from scaffe.layer_impls.layer import Layer
 
 
 @register

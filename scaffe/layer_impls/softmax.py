@@ -1,8 +1,8 @@
 """Softmax layer (Caffe's "Softmax") along one axis; `softmax` is shared with the softmax losses."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
 
 
 def softmax(x3, out=None):

@@ -7,11 +7,11 @@ top receives the probabilities.
 import numpy
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers._helpers import (DeferredLabelCheck, LossLayer, canonical_axis, count, loss_scale,
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import (DeferredLabelCheck, LossLayer, canonical_axis, count, loss_scale,
                                     normalization_mode, normalizer)
-from scaffe.layers.layer import Layer
-from scaffe.layers.softmax import softmax
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.softmax import softmax
 
 # Caffe clamps probabilities at FLT_MIN before the log, whatever the blob's dtype.
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)

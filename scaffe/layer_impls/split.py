@@ -3,8 +3,8 @@
 Forward copies the bottom to every top (Caffe shares the memory instead; a copy keeps each top an
 independent Blob, which in-place consumers rely on); backward sums the tops' gradients.
 """
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
 
 
 @register

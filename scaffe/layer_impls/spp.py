@@ -4,9 +4,9 @@ input size. Level l uses kernel ceil(H / 2^l), stride = kernel and the padding t
 import math
 
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.layer import Layer
-from scaffe.layers.pooling import Pooler
+from scaffe.layer_impls import register
+from scaffe.layer_impls.layer import Layer
+from scaffe.layer_impls.pooling import Pooler
 
 
 def level_geometry(level, height, width):

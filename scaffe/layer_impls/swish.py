@@ -1,7 +1,7 @@
 """Swish layer (Caffe's "Swish"): x * sigmoid(beta * x)."""
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
-from scaffe.layers.sigmoid import sigmoid
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
+from scaffe.layer_impls.sigmoid import sigmoid
 
 
 @register

@@ -1,7 +1,7 @@
 """TanH layer (Caffe's "TanH")."""
 from kernels.backend import get_array_module
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

@@ -1,6 +1,6 @@
 """Threshold layer (Caffe's "Threshold"): 1 where x > threshold, else 0; it has no gradient."""
-from scaffe.layers import register
-from scaffe.layers.neuron import NeuronLayer
+from scaffe.layer_impls import register
+from scaffe.layer_impls.neuron import NeuronLayer
 
 
 @register

@@ -1,7 +1,7 @@
 """Tile layer (Caffe's "Tile"): repeats the blob `tiles` times along `axis`; backward sums the copies."""
-from scaffe.layers import register
-from scaffe.layers._helpers import canonical_axis, count
-from scaffe.layers.layer import Layer
+from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import canonical_axis, count
+from scaffe.layer_impls.layer import Layer
 
 
 @register

@@ -12,7 +12,7 @@ import numpy
 from google.protobuf import text_format
 
 from scaffe.blob import Blob
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from gradient_check import layer_param
 from scaffe.blob import Blob
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 from test_layers_gradients import CASES, labels, normal
 
@@ -124,7 +124,7 @@ def test_dropout_draws_its_mask_on_the_device(cupy_stand_in):
 def test_convolution_on_the_gpu_takes_the_batch_in_one_chunk(cupy_stand_in):
     """Columns of 11 MiB: over the CPU's cache-sized chunks, one chunk on a GPU (one im2col launch in
     forward, columns reused by backward)."""
-    from scaffe.layers.convolution import COL_BUDGET_BYTES
+    from scaffe.layer_impls.convolution import COL_BUDGET_BYTES
     proto = ('type: "Convolution" convolution_param { num_output: 2 kernel_size: 5 pad: 2 '
              'weight_filler { type: "gaussian" std: 0.1 } }')
     x = numpy.random.default_rng(0).standard_normal((6, 8, 48, 48)).astype(numpy.float32)

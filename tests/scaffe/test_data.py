@@ -13,7 +13,7 @@ from scaffe import io
 from scaffe.blob import Blob
 from scaffe.data import (DataTransformer, LMDBDatabase, Prefetcher, PrefetchError, ShardedCursor, ShardSpec,
                          array_to_datum, datum_to_array, encode_image, rank_batch_positions)
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 from scaffe.tools import compute_image_mean, convert_imageset, convert_mnist
 

@@ -3,10 +3,10 @@ tie rules, normalization modes, shared blobs, batching of the convolution, and e
 import numpy
 import pytest
 
-import scaffe.layers.convolution as convolution
+import scaffe.layer_impls.convolution as convolution
 from gradient_check import LayerHarness, layer_param
 from scaffe.blob import Blob
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 
 

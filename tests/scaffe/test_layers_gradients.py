@@ -172,7 +172,7 @@ def test_gradient_matches_finite_differences(proto, bottoms, options):
 
 
 def test_every_layer_with_a_backward_is_checked():
-    from scaffe.layers import _REGISTRY, known_types
+    from scaffe.layer_impls import _REGISTRY, known_types
     assert "Convolution" in known_types()   # imports every layer module, filling the registry
     checked = {c[1].split('"')[1] for c in CASES}
     no_gradient = {"Accuracy", "ArgMax", "Threshold", "Parameter", "Dropout"}   # Dropout TRAIN: see behaviour tests

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import text_format
 
 from scaffe.blob import Blob
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 
 REF_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-reference"
@@ -229,6 +229,6 @@ def _check_backward(record, layer, lp, index, bottoms, tops, producers):
 
 
 def test_every_zoo_layer_type_is_registered():
-    from scaffe.layers import known_types
+    from scaffe.layer_impls import known_types
     zoo_types = {lp.type for lp in _net_layers().layer} | {"Split"}
     assert zoo_types - set(known_types()) == set()

@@ -8,7 +8,7 @@ import pytest
 from scaffe import io
 from scaffe.blob import Blob
 from scaffe.data import LMDBDatabase, ShardedCursor, ShardSpec, global_position
-from scaffe.layers import create_layer
+from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
