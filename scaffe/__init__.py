@@ -1,14 +1,16 @@
 """scaffe: a Caffe-compatible training library (nets, layers, solvers, data) with a distributed trainer.
 
 `import scaffe` gives pycaffe's interface (scaffe.pycaffe): `scaffe.Net`, `scaffe.get_solver`,
-`scaffe.SGDSolver` ..., `scaffe.set_mode_cpu/set_mode_gpu/set_device`, `scaffe.TRAIN`/`scaffe.TEST`.
+`scaffe.SGDSolver` ..., `scaffe.set_mode_cpu/set_mode_gpu/set_device`, `scaffe.TRAIN`/`scaffe.TEST`, and
+pycaffe's NetSpec (scaffe.net_spec): `scaffe.NetSpec`, `scaffe.layers` (L), `scaffe.params` (P), `scaffe.to_proto`.
 """
 __version__ = "0.1.0"
 
 from scaffe.pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, BlobView,  # noqa: E402
                             Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver,
                             layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed)
+from scaffe.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
 
 __all__ = ["TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "BlobView", "Net", "NesterovSolver",
            "RMSPropSolver", "SGDSolver", "Solver", "get_solver", "layer_type_list", "set_device", "set_mode_cpu",
-           "set_mode_gpu", "set_random_seed"]
+           "set_mode_gpu", "set_random_seed", "NetSpec", "layers", "params", "to_proto"]
