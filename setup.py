@@ -18,7 +18,7 @@ setup(
     extras_require={
         # The CUDA 12 compilers from PyPI (NVRTC, and NVVM with ptxas) let CI compile every CUDA kernel
         # without a GPU (tests/kernels/test_cuda_compile.py); about 130 MB of wheels, no cupy.
-        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib", "ruff",
+        "test": ["pytest", "pytest-timeout", "grpcio-tools", "matplotlib", "ruff", "pydot",
                  "numba-cuda>=0.30", "cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12==12.*",
                  "nvidia-cuda-nvcc-cu12==12.*"],
         # A working stack on a machine with only the NVIDIA driver: cupy with the toolkit's libraries
@@ -26,6 +26,8 @@ setup(
         "cuda12": ["cupy-cuda12x[ctk]", "numba-cuda[cu12]>=0.30"],
         "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30"],
         "plot": ["matplotlib"],
+        # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
+        "draw": ["pydot"],
     },
     entry_points={"console_scripts": ["scaffe = scaffe.cli:main"]},
 )
