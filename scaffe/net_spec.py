@@ -14,6 +14,8 @@ first top; everything unnamed gets the layer type and a counter (`Convolution1`)
 """
 import collections
 
+import numpy
+
 from scaffe.proto import caffe_pb2
 
 __all__ = ["NetSpec", "Top", "Function", "layers", "params", "to_proto", "assign_proto"]
@@ -42,11 +44,13 @@ _PARAM_FIELDS = _param_fields()
 
 def assign_proto(message, name, value):
     """Sets field `name` of protobuf `message` from a Python value: a dict fills a message field, a list
-    (or tuple) a repeated field (a lone value there becomes a one-element list), anything else is set
-    as is (protobuf takes numbers, numpy scalars, strings and enum names)."""
+    (or tuple, or numpy array) a repeated field (a lone value there becomes a one-element list), anything
+    else is set as is (protobuf takes numbers, numpy scalars, strings and enum names)."""
     field = message.DESCRIPTOR.fields_by_name.get(name)
     if field is None:
         raise AttributeError(f"{message.DESCRIPTOR.name} has no field {name!r}")
+    if isinstance(value, numpy.ndarray):
+        value = value.tolist()
     if field.is_repeated:
         values = value if isinstance(value, (list, tuple)) else [value]
         for item in values:

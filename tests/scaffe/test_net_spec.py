@@ -57,6 +57,12 @@ def test_keywords_go_to_the_layers_own_parameter_message():
     pool = layers["pool1"].pooling_param
     assert (pool.pool, pool.kernel_size, pool.stride) == (caffe_pb2.PoolingParameter.MAX, 2, 2)
     assert layers["fc1"].inner_product_param.num_output == 500
+    python = L.Python(L.Input(shape=dict(dim=np.array([2, 3]))), module="my_layers", layer="Square",
+                      param_str="{'scale': 2}", loss_weight=1)
+    python_layer = python.to_proto().layer[1]
+    assert (python_layer.python_param.module, python_layer.python_param.layer) == ("my_layers", "Square")
+    assert python_layer.python_param.param_str == "{'scale': 2}" and list(python_layer.loss_weight) == [1]
+    assert list(python.to_proto().layer[0].input_param.shape[0].dim) == [2, 3]
 
 
 def test_layer_fields_repeated_messages_and_shared_parameter_messages():
