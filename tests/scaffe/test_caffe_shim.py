@@ -23,6 +23,12 @@ import scaffe.proto.caffe_pb2
 assert caffe is scaffe and caffe_pb2 is scaffe.proto.caffe_pb2 and caffe.draw is scaffe.draw
 assert caffe.coord_map is scaffe.coord_map and coord_map_from_to is scaffe.coord_map.coord_map_from_to
 assert sys.modules["caffe.io"] is sys.modules["scaffe.io"]
+try:
+    import caffe.no_such_module
+except ModuleNotFoundError as error:
+    assert error.name == "caffe.no_such_module", error.name
+else:
+    raise AssertionError("caffe.no_such_module imported")
 n = caffe.NetSpec()
 n.data = L.Input(shape=dict(dim=[1, 1, 8, 8]))
 n.pool = L.Pooling(n.data, pool=P.Pooling.MAX, kernel_size=3, pad=1)

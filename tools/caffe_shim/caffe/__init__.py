@@ -15,9 +15,9 @@ class _ScaffeAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds `caffe.X` and loads it as the already-imported (or now imported) `scaffe.X`."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.startswith("caffe."):
+        if fullname.startswith("caffe.") and importlib.util.find_spec("s" + fullname) is not None:
             return importlib.util.spec_from_loader(fullname, self)
-        return None
+        return None  # not caffe's, or a module scaffe lacks: Python's own "No module named" error
 
     def create_module(self, spec):
         return importlib.import_module("s" + spec.name)
