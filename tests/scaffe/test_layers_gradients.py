@@ -34,6 +34,11 @@ CONV = ('type: "Convolution" convolution_param { weight_filler { type: "gaussian
         'bias_filler { type: "gaussian" std: 0.3 } ')
 DECONV = CONV.replace('"Convolution"', '"Deconvolution"')
 
+RECURRENT = ('recurrent_param { num_output: 3 weight_filler { type: "gaussian" std: 0.5 } '
+             'bias_filler { type: "gaussian" std: 0.3 } }')
+SEQUENCE_CONT = numpy.array([[0, 0], [1, 0], [1, 1.0]])
+CARRIED_CONT = numpy.array([[1, 0], [1, 1], [0, 1.0]])   # with exposed initial states, cont 1 at t = 0
+
 # (id, prototxt, bottoms, options)
 CASES = [
     ("conv", CONV + 'num_output: 4 kernel_size: 3 }', [normal(2, 3, 5, 5)], {}),
@@ -163,6 +168,25 @@ CASES = [
     ("spp-ave", 'type: "SPP" spp_param { pyramid_height: 2 pool: AVE }', [normal(2, 2, 7, 6)], {}),
     ("im2col", 'type: "Im2col" convolution_param { kernel_size: 3 pad: 1 stride: 2 }', [normal(2, 2, 5, 5)], {}),
     ("silence", 'type: "Silence"', [normal(2, 3), normal(3)], {"num_tops": 0}),
+    ("batch-reindex", 'type: "BatchReindex"', [normal(3, 2, 2), numpy.array([2, 0, 2, 1, 2.0])],
+     {"check_bottoms": [0]}),
+    ("filter", 'type: "Filter" top: "a" top: "b"',
+     [normal(4, 2), normal(4, 3, 2, seed=4), numpy.array([[1], [0], [1], [1.0]])],
+     {"check_bottoms": [0, 1], "num_tops": 2}),
+    # Recurrent cases start every stream with cont 0, as Caffe's tests do: the state a layer carries from
+    # its previous forward (the harness runs many) then has no effect.
+    ("lstm-unit", 'type: "LSTMUnit"', [normal(1, 3, 2), normal(1, 3, 8, seed=4), numpy.array([[1, 0, 1.0]])],
+     {"check_bottoms": [0, 1], "num_tops": 2}),
+    ("lstm", 'type: "LSTM" ' + RECURRENT, [normal(3, 2, 3, 2) * 0.5, SEQUENCE_CONT], {"check_bottoms": [0]}),
+    ("lstm-static", 'type: "LSTM" ' + RECURRENT, [normal(3, 2, 3) * 0.5, SEQUENCE_CONT, normal(2, 2, 2, seed=4)],
+     {"check_bottoms": [0, 2]}),
+    ("lstm-expose-hidden", 'type: "LSTM" ' + RECURRENT.replace("{", "{ expose_hidden: true", 1),
+     [normal(3, 2, 2) * 0.5, CARRIED_CONT, normal(2, 3, seed=4), normal(1, 2, 3, seed=5), normal(1, 2, 3, seed=6)],
+     {"check_bottoms": [0, 2, 3, 4], "num_tops": 3}),
+    ("rnn", 'type: "RNN" ' + RECURRENT, [normal(3, 2, 3, 2) * 0.5, SEQUENCE_CONT], {"check_bottoms": [0]}),
+    ("rnn-static-expose-hidden", 'type: "RNN" ' + RECURRENT.replace("{", "{ expose_hidden: true", 1),
+     [normal(3, 2, 2) * 0.5, CARRIED_CONT, normal(2, 3, seed=4), normal(1, 2, 3, seed=5)],
+     {"check_bottoms": [0, 2, 3], "num_tops": 2}),
 ]
 
 
