@@ -8,6 +8,7 @@ from google.protobuf import text_format
 
 from gradient_check import LayerHarness
 from scaffe.net import Net
+from scaffe.solvers import create_solver
 from scaffe.proto import caffe_pb2
 
 FILLERS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.3 }'
@@ -216,3 +217,33 @@ def test_recurrent_layers_refuse_a_changed_sequence_length_and_zero_outputs():
     harness.bottoms[1].reshape((3, 1))
     with pytest.raises(ValueError, match="timesteps changed from 2 to 3"):
         harness.layer.reshape(harness.bottoms, harness.tops)
+
+
+TRAIN_NET = """
+layer { name: "in" type: "Input" top: "x" top: "cont" top: "target"
+        input_param { shape { dim: 6 dim: 8 dim: 1 } shape { dim: 6 dim: 8 } shape { dim: 6 dim: 8 dim: 1 } } }
+layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
+        recurrent_param { num_output: 8 weight_filler { type: "uniform" min: -0.3 max: 0.3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "h" top: "y"
+        inner_product_param { num_output: 1 axis: 2 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss" }
+"""
+
+
+def test_an_lstm_net_learns_a_running_sum():
+    param = caffe_pb2.SolverParameter(type="Adam", base_lr=0.02, lr_policy="fixed", max_iter=200, display=0,
+                                      random_seed=7, snapshot_after_train=False, momentum=0.9, momentum2=0.999)
+    param.net_param.CopyFrom(text_format.Parse(TRAIN_NET, caffe_pb2.NetParameter()))
+    solver = create_solver(param)
+    net = solver.net
+    x = numpy.random.RandomState(0).uniform(-1, 1, (6, 8, 1))
+    cont = numpy.ones((6, 8))
+    cont[0] = 0
+    # The target at step t is half the sum of x up to t: it needs the memory across steps.
+    for name, value in (("x", x), ("cont", cont), ("target", numpy.cumsum(x, axis=0) * 0.5)):
+        net.blobs_list[net.blob_names_index[name]].data[...] = value
+    net.forward()
+    first = float(net.blobs_list[net.blob_names_index["loss"]].data)
+    solver.step(200)
+    net.forward()
+    assert float(net.blobs_list[net.blob_names_index["loss"]].data) < 0.02 * first
