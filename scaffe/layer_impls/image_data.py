@@ -4,7 +4,8 @@ optionally resized to new_height x new_width, transformed by transform_param, in
 As in Caffe: paths are root_folder + path (plain concatenation); the list is shuffled at the first
 batch and at every wrap-around when `shuffle` is set; rand_skip skips a random number (below it) of
 lines at the start; each batch is shaped by its first image. Tops: data (N, C, H, W), label (N,).
-Sharding (shard_rank/shard_count) splits the line stream round-robin, as scaffe.data.sharding does.
+Sharding (shard_rank/shard_count) splits the line stream round-robin, as scaffe.data.sharding does;
+with shuffle each rank shuffles with its own seed, as HDF5Data does, so ranks draw independently.
 """
 import numpy
 
