@@ -101,6 +101,16 @@ def test_image_data_shards_the_line_stream(image_list):
     numpy.testing.assert_array_equal(labels, [[10, 12, 11], [11, 10, 12]])
 
 
+def test_image_data_takes_names_with_spaces_and_sizes_each_batch_by_its_image(image_list):
+    tmp_path, images = image_list
+    write_rgb(tmp_path / "images" / "big cat.png", numpy.zeros((6, 7, 3)))
+    (tmp_path / "list.txt").write_text("im0.png 1\nbig cat.png 2\n")
+    instance, tops = image_data(tmp_path, batch_size=1)
+    assert forward(instance, tops)[0].shape == (1, 3, 4, 5)
+    data, labels = forward(instance, tops)
+    assert data.shape == (1, 3, 6, 7) and labels[0] == 2
+
+
 def test_image_data_names_what_is_wrong(image_list):
     tmp_path, _ = image_list
     with pytest.raises(ValueError, match="new_height and new_width together"):
