@@ -2,15 +2,21 @@
 
 `import scaffe` gives pycaffe's interface (scaffe.pycaffe): `scaffe.Net`, `scaffe.get_solver`,
 `scaffe.SGDSolver` ..., `scaffe.set_mode_cpu/set_mode_gpu/set_device`, `scaffe.TRAIN`/`scaffe.TEST`, and
-pycaffe's NetSpec (scaffe.net_spec): `scaffe.NetSpec`, `scaffe.layers` (L), `scaffe.params` (P), `scaffe.to_proto`.
+pycaffe's NetSpec (scaffe.net_spec): `scaffe.NetSpec`, `scaffe.layers` (L), `scaffe.params` (P), `scaffe.to_proto`;
+`scaffe.Layer` (Python layers), `scaffe.io`, `scaffe.Classifier`, `scaffe.Detector`.
 """
 __version__ = "0.1.0"
 
 from scaffe.pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, BlobView,  # noqa: E402
-                            Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver,
+                            Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver, has_nccl,
                             layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed)
 from scaffe.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
+from scaffe import io  # noqa: E402
+from scaffe.classifier import Classifier  # noqa: E402
+from scaffe.detector import Detector  # noqa: E402
+from scaffe.layer_impls.python import Layer  # noqa: E402
 
 __all__ = ["TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "BlobView", "Net", "NesterovSolver",
            "RMSPropSolver", "SGDSolver", "Solver", "get_solver", "layer_type_list", "set_device", "set_mode_cpu",
-           "set_mode_gpu", "set_random_seed", "NetSpec", "layers", "params", "to_proto"]
+           "set_mode_gpu", "set_random_seed", "NetSpec", "layers", "params", "to_proto",
+           "has_nccl", "io", "Classifier", "Detector", "Layer"]

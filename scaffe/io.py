@@ -1,6 +1,10 @@
 """Reading and writing Caffe's files: prototxt nets and solvers, .caffemodel, .solverstate, mean
 files (BlobProto) and HDF5 snapshots, plus conversions between BlobProto and numpy arrays.
 
+It is also pycaffe's `caffe.io`: Datum and BlobProtoVector conversions with pycaffe's signatures
+(end of this file), and the deploy-time image helpers of scaffe.preprocess (Transformer, load_image,
+resize_image, oversample).
+
 Every reader raises `CaffeFormatError` (a ValueError) with one line that names the file and says
 what is wrong; every writer replaces its target atomically (temporary file in the same folder,
 then `os.replace`), so a crash mid-write never leaves a truncated snapshot behind.
@@ -13,6 +17,7 @@ import numpy
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
+from scaffe.preprocess import Transformer, load_image, oversample, resize_image
 from scaffe.proto import caffe_pb2
 
 __all__ = [
@@ -25,6 +30,9 @@ __all__ = [
     "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape",
     "model_layers", "net_weights", "set_layer_blobs", "read_weights", "write_hdf5_weights", "read_hdf5_weights",
     "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file",
+    # pycaffe's caffe.io
+    "array_to_datum", "datum_to_array", "arraylist_to_blobprotovector_str", "blobprotovector_str_to_arraylist",
+    "Transformer", "load_image", "resize_image", "oversample",
 ]
 
 
@@ -248,8 +256,8 @@ def blobproto_matches_shape(blob, shape):
     return stored == shape
 
 
-def blobproto_to_array(blob, diff=False, shape=None):
-    """The blob's values (or gradient when `diff`) as a new numpy array.
+def blobproto_to_array(blob, return_diff=False, shape=None):
+    """The blob's values (or gradient when `return_diff`) as a new numpy array.
 
     float32 unless the proto stores doubles (double_data/double_diff), then float64. With `shape`,
     the result takes that shape after checking `blobproto_matches_shape`.
@@ -259,12 +267,12 @@ def blobproto_to_array(blob, diff=False, shape=None):
         if not blobproto_matches_shape(blob, shape):
             raise ValueError(f"stored blob has shape {stored}, expected {tuple(shape)}")
         stored = tuple(int(d) for d in shape)
-    doubles = blob.double_diff if diff else blob.double_data
-    floats = blob.diff if diff else blob.data
+    doubles = blob.double_diff if return_diff else blob.double_data
+    floats = blob.diff if return_diff else blob.data
     values = numpy.array(doubles, dtype=numpy.float64) if len(doubles) else numpy.array(floats, dtype=numpy.float32)
     count = int(numpy.prod(stored, dtype=numpy.int64))
     if values.size != count:
-        what = "diff" if diff else "data"
+        what = "diff" if return_diff else "data"
         raise ValueError(f"blob of shape {stored} needs {count} {what} values, the file holds {values.size}")
     return values.reshape(stored)
 
@@ -445,3 +453,48 @@ def read_hdf5_solverstate(path):
             return state
     except (OSError, KeyError, ValueError) as e:
         raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 solver state: {_one_line(e)}") from None
+
+
+# ---------------------------------------------------------------- pycaffe's Datum / BlobProtoVector conversions
+
+def arraylist_to_blobprotovector_str(arraylist):
+    """A serialized BlobProtoVector holding each array of `arraylist` (see array_to_blobproto)."""
+    vec = caffe_pb2.BlobProtoVector()
+    for array in arraylist:
+        array_to_blobproto(array, blob=vec.blobs.add())
+    return vec.SerializeToString()
+
+
+def blobprotovector_str_to_arraylist(serialized):
+    """The arrays of a serialized BlobProtoVector."""
+    vec = caffe_pb2.BlobProtoVector()
+    vec.ParseFromString(serialized)
+    return [blobproto_to_array(blob) for blob in vec.blobs]
+
+
+def array_to_datum(arr, label=None):
+    """A Datum for a C x H x W array: uint8 pixels go to `data` as bytes, other dtypes to `float_data`;
+    the label is set only when given (pycaffe's signature; scaffe.data.datum has the database-side one)."""
+    arr = numpy.asarray(arr)
+    if arr.ndim != 3:
+        raise ValueError(f"array_to_datum: expected a C x H x W array, got shape {arr.shape}")
+    datum = caffe_pb2.Datum(channels=arr.shape[0], height=arr.shape[1], width=arr.shape[2])
+    if arr.dtype == numpy.uint8:
+        datum.data = arr.tobytes()
+    else:
+        datum.MergeFromString(_packed_field(6, arr.ravel(), "<f4"))  # float_data, in one C-side parse
+    if label is not None:
+        datum.label = int(label)
+    return datum
+
+
+def datum_to_array(datum):
+    """A Datum's pixels as a C x H x W array (uint8 from `data`, float64 from `float_data`, as pycaffe);
+    the label is `datum.label`. An encoded (JPEG/PNG) Datum is decoded by scaffe.data.datum instead."""
+    shape = (datum.channels, datum.height, datum.width)
+    if datum.encoded:
+        raise ValueError("datum_to_array: the Datum holds an encoded image; decode it with "
+                         "scaffe.data.datum.datum_to_array (or PIL)")
+    if len(datum.data):
+        return numpy.frombuffer(datum.data, dtype=numpy.uint8).reshape(shape).copy()
+    return numpy.array(datum.float_data, dtype=numpy.float64).reshape(shape)

@@ -189,13 +189,7 @@ class Net(Closing):
         for lp in param.layer:
             record = self._create_layer(lp)
             self._wire(record, lp, available, name_to_id)
-            try:
-                record.layer.setup(record.bottoms, record.tops)
-                record.layer.reshape(record.bottoms, record.tops)
-            except NetError:
-                raise
-            except (ValueError, KeyError, IndexError, TypeError, OSError, NotImplementedError, RuntimeError) as e:
-                raise NetError(self._where(lp, e)) from None
+            self._setup_layer(record, lp)
             self._set_loss_weights(record, lp)
             log.info("Setting up %s", lp.name)
             for blob_id, blob in zip(record.top_ids, record.tops):
@@ -246,6 +240,17 @@ class Net(Closing):
         self.layer_records.append(record)
         log.info("Creating Layer %s", lp.name)
         return record
+
+    def _setup_layer(self, record, lp):
+        try:
+            record.layer.setup(record.bottoms, record.tops)
+            record.layer.reshape(record.bottoms, record.tops)
+        except NetError:
+            raise
+        except (ValueError, KeyError, IndexError, TypeError, OSError, NotImplementedError, RuntimeError) as e:
+            if getattr(record.layer, "raises_own_errors", False):
+                raise
+            raise NetError(self._where(lp, e)) from None
 
     def _where(self, lp, err):
         msg = " ".join(str(err).split())

@@ -5,10 +5,13 @@ what is here. Differences from pycaffe: `Net`'s phase defaults to TEST; in GPU m
 are cupy arrays on the device (pycaffe copies to the host); errors are Python exceptions with one line.
 """
 import collections
+import itertools
 import os
 
 import numpy
 
+from scaffe import io as sio
+from scaffe.blob_view import BlobView
 from scaffe.closing import Closing
 from scaffe.layer_impls import known_types
 from scaffe.net import Net as _CoreNet
@@ -17,7 +20,7 @@ from scaffe.solvers import read_solver_file, seed_random, solver_class
 
 __all__ = ["TRAIN", "TEST", "Net", "BlobView", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu",
-           "set_device", "set_random_seed", "layer_type_list"]
+           "set_device", "set_random_seed", "layer_type_list", "has_nccl"]
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -74,50 +77,10 @@ def layer_type_list():
     return known_types()
 
 
-# ---------------------------------------------------------------- blobs
-
-class BlobView:
-    """pycaffe's Blob: `data` and `diff` arrays (write into them with `[...] =`), `shape`, `count`,
-    `num`/`channels`/`height`/`width` and `reshape(*shape)`, over a Blob of the net."""
-
-    __slots__ = ("_blob",)
-
-    def __init__(self, blob):
-        self._blob = blob
-
-    @property
-    def data(self):
-        return self._blob.data
-
-    @property
-    def diff(self):
-        return self._blob.diff
-
-    @property
-    def shape(self):
-        return self._blob.shape
-
-    @property
-    def count(self):
-        return self._blob.count
-
-    def _axis(self, i):
-        # Caffe's legacy accessors: axes past the blob's own count as 1.
-        return self._blob.shape[i] if i < len(self._blob.shape) else 1
-
-    num = property(lambda self: self._axis(0))
-    channels = property(lambda self: self._axis(1))
-    height = property(lambda self: self._axis(2))
-    width = property(lambda self: self._axis(3))
-
-    def reshape(self, *shape):
-        """`blob.reshape(n, c, h, w)` like pycaffe (a single tuple works too); call `net.reshape()` after."""
-        if len(shape) == 1 and not numpy.isscalar(shape[0]):
-            shape = tuple(shape[0])
-        self._blob.reshape(shape)
-
-    def __repr__(self):
-        return f"BlobView(shape={self.shape})"
+def has_nccl():
+    """False: scaffe has no NCCL (so no `caffe.NCCL`). Its data-parallel training reduces gradients
+    over MPI with its own hierarchical collectives, one process per device (`mpiexec -n N scaffe train`)."""
+    return False
 
 
 # ---------------------------------------------------------------- nets
@@ -180,7 +143,8 @@ class Net(Closing):
 
     @property
     def layers(self):
-        return list(self._net.layers)
+        """The layers in net order; a Python layer appears as the user's own object, as in pycaffe."""
+        return [getattr(layer, "python_layer", layer) for layer in self._net.layers]
 
     @property
     def _layer_names(self):
@@ -192,7 +156,7 @@ class Net(Closing):
 
     @property
     def layer_dict(self):
-        return collections.OrderedDict(zip(self._net.layer_names, self._net.layers))
+        return collections.OrderedDict(zip(self._net.layer_names, self.layers))
 
     @property
     def inputs(self):
@@ -286,6 +250,77 @@ class Net(Closing):
         """Propagates new input shapes (after `net.blobs[name].reshape(...)`) through every layer."""
         self._net.reshape()
 
+    # ------------------------------------------------------------ whole data sets in batches
+
+    def _batches(self, arrays):
+        """{name: array} cut into the net's batches; the last one is padded with zeros to a full batch."""
+        num = len(next(iter(arrays.values())))
+        if any(len(a) != num for a in arrays.values()):
+            raise ValueError(f"the arrays must hold the same number of items, got "
+                             f"{ {name: len(a) for name, a in arrays.items()} }")
+        batch_size = self._net.blobs[next(iter(arrays))].shape[0]
+        for i in range(0, num, batch_size):
+            batch = {name: numpy.asarray(a[i:i + batch_size]) for name, a in arrays.items()}
+            pad = batch_size - min(batch_size, num - i)
+            if pad:
+                batch = {name: numpy.concatenate([a, numpy.zeros((pad,) + a.shape[1:], a.dtype)])
+                         for name, a in batch.items()}
+            yield batch
+
+    @staticmethod
+    def _gather(chunks, count):
+        """{name: [batch arrays]} as {name: one host array of the first `count` items}."""
+        return {name: numpy.concatenate([sio.to_host(a) for a in arrays])[:count] for name, arrays in chunks.items()}
+
+    def forward_all(self, blobs=None, **inputs):
+        """forward() over arrays of any length (input name -> N items), batch by batch; returns
+        {name: array of N items} of the outputs and the extra `blobs` (a short last batch is padded
+        with zeros and the padding dropped)."""
+        if not inputs:
+            raise ValueError(f"forward_all(): give the input arrays by name ({', '.join(self.inputs)})")
+        count = len(next(iter(inputs.values())))
+        outs = collections.defaultdict(list)
+        for batch in self._batches(inputs):
+            for name, array in self.forward(blobs=blobs, **batch).items():
+                outs[name].append(array.copy())
+        return self._gather(outs, count)
+
+    def forward_backward_all(self, blobs=None, diffs=None, **arrays):
+        """forward() and backward() over arrays of any length: input names give the forward's inputs,
+        output names the backward's top diffs (either may be left out: the blobs keep what they hold);
+        returns ({name: outputs and `blobs`}, {name: input diffs and `diffs`}), N items each."""
+        forward_in = {n: a for n, a in arrays.items() if n in self.inputs}
+        backward_in = {n: a for n, a in arrays.items() if n in self.outputs}
+        unknown = sorted(set(arrays) - set(forward_in) - set(backward_in))
+        if unknown or not arrays:
+            raise ValueError(f"forward_backward_all(): got {sorted(arrays)}; give arrays for inputs {self.inputs} "
+                             f"and/or outputs {self.outputs}")
+        count = len(next(iter(arrays.values())))
+        outs, grads = collections.defaultdict(list), collections.defaultdict(list)
+        forward_batches = self._batches(forward_in) if forward_in else iter(())
+        backward_batches = self._batches(backward_in) if backward_in else iter(())
+        for fb, bb in itertools.zip_longest(forward_batches, backward_batches, fillvalue={}):
+            for name, array in self.forward(blobs=blobs, **fb).items():
+                outs[name].append(array.copy())
+            for name, array in self.backward(diffs=diffs, **bb).items():
+                grads[name].append(array.copy())
+        return self._gather(outs, count), self._gather(grads, count)
+
+    def set_input_arrays(self, data, labels):
+        """Hands N x C x H x W `data` and N `labels` to the net's first layer, a MemoryData layer
+        (N a multiple of its batch_size); keep the arrays unchanged while the net uses them."""
+        first = self._net.layers[0] if self._net.layers else None
+        if getattr(first, "type", None) != "MemoryData":
+            raise RuntimeError("set_input_arrays may only be called if the first layer is a MemoryData layer "
+                               f"({self._net.source} starts with {getattr(first, 'type', 'no layer')})")
+        first.set_input_arrays(data, labels)
+
+    # ------------------------------------------------------------ gradients
+
+    def clear_param_diffs(self):
+        """Zeroes the gradients of every learnable parameter (Caffe's ClearParamDiffs)."""
+        self._net.clear_param_diffs()
+
     # ------------------------------------------------------------ weights
 
     def copy_from(self, weights):
@@ -299,6 +334,16 @@ class Net(Closing):
     def save(self, path):
         """Writes the weights as a binary .caffemodel."""
         self._net.save(path)
+
+    def save_hdf5(self, path):
+        """Writes the weights as HDF5 (Caffe's Net::ToHDF5 layout, what .caffemodel.h5 files hold)."""
+        self._net.save_hdf5(path)
+
+    def load_hdf5(self, path):
+        """Loads weights from an HDF5 file that save_hdf5 (or Caffe) wrote, whatever its name."""
+        if not sio.is_hdf5_file(path):
+            raise ValueError(f"{os.fspath(path)}: not an HDF5 weights file; copy_from() reads a binary .caffemodel")
+        self._net.copy_trained_layers_from(path)
 
     def close(self):
         """Stops the data readers and closes the databases of this net."""
@@ -351,6 +396,11 @@ class Solver(Closing):
 
     def restore(self, state_file):
         self._solver.restore(state_file)
+
+    def apply_update(self):
+        """Turns the gradients in the params' diffs into one update of the weights at this iteration's
+        learning rate (Caffe's ApplyUpdate: clip, normalize, regularize, step); `iter` stays as it is."""
+        self._solver.apply_update()
 
     def test(self, test_net_id=0):
         """Scores test net `test_net_id` over its test_iter batches; returns {output: mean}."""

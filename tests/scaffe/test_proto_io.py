@@ -154,7 +154,7 @@ def test_blobproto_legacy_shape_double_and_matching():
     assert len(doubles.double_data) == 4 and not len(doubles.data)
     assert io.blobproto_to_array(doubles).dtype == numpy.float64
     with_diff = io.array_to_blobproto(numpy.ones((2, 2), numpy.float32), diff=numpy.full((2, 2), 3, numpy.float32))
-    numpy.testing.assert_array_equal(io.blobproto_to_array(with_diff, diff=True), numpy.full((2, 2), 3))
+    numpy.testing.assert_array_equal(io.blobproto_to_array(with_diff, return_diff=True), numpy.full((2, 2), 3))
     as_legacy = io.array_to_blobproto(numpy.zeros((4, 5), numpy.float32), legacy_4d=True)
     assert (as_legacy.num, as_legacy.channels, as_legacy.height, as_legacy.width) == (1, 1, 4, 5)
     scalar = io.array_to_blobproto(numpy.float32(2.5))
