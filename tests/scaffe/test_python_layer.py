@@ -181,3 +181,27 @@ def test_mpiexec_scaffe_train_python_loss_equals_builtin(tmp_path):
     for got, want in zip(trained, expected):
         numpy.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     assert numpy.abs(trained[1]).max() > 0
+
+
+def test_python_layers_on_the_cupy_path(cupy_stand_in):
+    """In GPU mode a Python layer's blobs, and those it adds, are device arrays like the rest of the net."""
+    from scaffe.io import to_host
+    from scaffe.net import Net as CoreNet
+    param = sio.parse_net_text("force_backward: true\n" + INPUT
+                               + python_layer("bias", "BiasLayer", ["data"], ["y"])
+                               + python_layer("times", "MultiplyLayer", ["y"], ["z"], "2"))
+    x = numpy.random.default_rng(3).standard_normal((4, 3, 2)).astype(numpy.float32)
+    results = []
+    for xp in (numpy, cupy_stand_in):
+        net = CoreNet(param, scaffe.TRAIN, xp=xp)
+        net.blobs["data"].data[...] = xp.asarray(x)
+        net.forward()
+        net.blobs["z"].diff[...] = 1
+        net.backward()
+        blob = net.layer("bias").blobs[0]
+        assert isinstance(blob.data, xp.ndarray)
+        results.append([to_host(a) for a in (net.blobs["z"].data, net.blobs["data"].diff, blob.diff)])
+    for host, device in zip(*results):
+        numpy.testing.assert_allclose(device, host, rtol=1e-6)
+    numpy.testing.assert_allclose(results[0][0], 2 * (x + 0.5), rtol=1e-6)
+    numpy.testing.assert_allclose(results[0][2], [16, 16, 16])  # d(sum of z)/db = 2 per element, 8 per channel
