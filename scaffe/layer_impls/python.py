@@ -69,7 +69,11 @@ def _python_layer(param):
                          f"(python_param.layer)")
     if not (isinstance(cls, type) and issubclass(cls, Layer)):
         raise ValueError(f"{spec.module}.{spec.layer} must be a class derived from caffe.Layer (scaffe.Layer)")
-    return cls(param)
+    layer = cls(param)
+    if not isinstance(getattr(layer, "blobs", None), BlobVec):
+        raise ValueError(f"{spec.module}.{spec.layer}.__init__ must call the base class's "
+                         f"__init__(self, param) (caffe.Layer.__init__), which makes its blobs")
+    return layer
 
 
 @register

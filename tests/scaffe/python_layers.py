@@ -85,3 +85,8 @@ class FailingSetupLayer(scaffe.Layer):
 
 class NotALayer:
     pass
+
+
+class ForgetsBaseInitLayer(scaffe.Layer):
+    def __init__(self, param):
+        self.value = 1

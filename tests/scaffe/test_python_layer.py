@@ -120,6 +120,8 @@ def test_errors(tmp_path):
         scaffe.Net(write_net(tmp_path, INPUT + python_layer("x", "Missing", ["data"], ["y"]), "x.prototxt"))
     with pytest.raises(NetError, match="derived from caffe.Layer"):
         scaffe.Net(write_net(tmp_path, INPUT + python_layer("x", "NotALayer", ["data"], ["y"]), "n.prototxt"))
+    with pytest.raises(NetError, match="must call the base class's __init__"):
+        scaffe.Net(write_net(tmp_path, INPUT + python_layer("x", "ForgetsBaseInitLayer", ["data"], ["y"]), "f.prototxt"))
 
 
 # A linear regression of the digit's label from its pixels, so the loss is a Euclidean one.
