@@ -252,12 +252,18 @@ class Net(Closing):
 
     # ------------------------------------------------------------ whole data sets in batches
 
+    @staticmethod
+    def _item_count(arrays):
+        """The number of items each of the arrays {name: array} holds (all the same)."""
+        counts = {name: len(a) for name, a in arrays.items()}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"the arrays must hold the same number of items, got {counts}")
+        return next(iter(counts.values()))
+
     def _batches(self, arrays):
         """{name: array} cut into the net's batches; the last one is padded with zeros to a full batch."""
-        num = len(next(iter(arrays.values())))
-        if any(len(a) != num for a in arrays.values()):
-            raise ValueError(f"the arrays must hold the same number of items, got "
-                             f"{ {name: len(a) for name, a in arrays.items()} }")
+        self._blob_list(arrays, "arrays by blob name")
+        num = self._item_count(arrays)
         batch_size = self._net.blobs[next(iter(arrays))].shape[0]
         for i in range(0, num, batch_size):
             batch = {name: numpy.asarray(a[i:i + batch_size]) for name, a in arrays.items()}
@@ -278,7 +284,7 @@ class Net(Closing):
         with zeros and the padding dropped)."""
         if not inputs:
             raise ValueError(f"forward_all(): give the input arrays by name ({', '.join(self.inputs)})")
-        count = len(next(iter(inputs.values())))
+        count = self._item_count(inputs)
         outs = collections.defaultdict(list)
         for batch in self._batches(inputs):
             for name, array in self.forward(blobs=blobs, **batch).items():
@@ -295,7 +301,7 @@ class Net(Closing):
         if unknown or not arrays:
             raise ValueError(f"forward_backward_all(): got {sorted(arrays)}; give arrays for inputs {self.inputs} "
                              f"and/or outputs {self.outputs}")
-        count = len(next(iter(arrays.values())))
+        count = self._item_count(arrays)
         outs, grads = collections.defaultdict(list), collections.defaultdict(list)
         forward_batches = self._batches(forward_in) if forward_in else iter(())
         backward_batches = self._batches(backward_in) if backward_in else iter(())

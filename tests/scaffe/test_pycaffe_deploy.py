@@ -48,6 +48,10 @@ def test_forward_all_and_forward_backward_all(tmp_path):
     numpy.testing.assert_allclose(diffs["data"], (top @ w).reshape(x.shape), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="input arrays"):
         net.forward_all()
+    with pytest.raises(ValueError, match="no blob named 'pixels'"):
+        net.forward_all(pixels=x)
+    with pytest.raises(ValueError, match="same number of items"):
+        net.forward_backward_all(data=x, ip=top[:3])
 
 
 def test_set_input_arrays(tmp_path):
