@@ -9,7 +9,8 @@ __version__ = "0.1.0"
 
 from scaffe.pycaffe import (TEST, TRAIN, AdaDeltaSolver, AdaGradSolver, AdamSolver, BlobView,  # noqa: E402
                             Net, NesterovSolver, RMSPropSolver, SGDSolver, Solver, get_solver, has_nccl,
-                            layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed)
+                            layer_type_list, set_device, set_mode_cpu, set_mode_gpu, set_random_seed,
+                            set_solver_count, set_solver_rank, solver_count, solver_rank)
 from scaffe.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
 from scaffe import io  # noqa: E402
 from scaffe.classifier import Classifier  # noqa: E402
@@ -19,4 +20,5 @@ from scaffe.layer_impls.python import Layer  # noqa: E402
 __all__ = ["TEST", "TRAIN", "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "BlobView", "Net", "NesterovSolver",
            "RMSPropSolver", "SGDSolver", "Solver", "get_solver", "layer_type_list", "set_device", "set_mode_cpu",
            "set_mode_gpu", "set_random_seed", "NetSpec", "layers", "params", "to_proto",
-           "has_nccl", "io", "Classifier", "Detector", "Layer"]
+           "has_nccl", "io", "Classifier", "Detector", "Layer",
+           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank"]

@@ -7,6 +7,7 @@ are cupy arrays on the device (pycaffe copies to the host); errors are Python ex
 import collections
 import itertools
 import os
+import sys
 
 import numpy
 
@@ -20,7 +21,8 @@ from scaffe.solvers import read_solver_file, seed_random, solver_class
 
 __all__ = ["TRAIN", "TEST", "Net", "BlobView", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu",
-           "set_device", "set_random_seed", "layer_type_list", "has_nccl"]
+           "set_device", "set_random_seed", "layer_type_list", "has_nccl",
+           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank"]
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -81,6 +83,38 @@ def has_nccl():
     """False: scaffe has no NCCL (so no `caffe.NCCL`). Its data-parallel training reduces gradients
     over MPI with its own hierarchical collectives, one process per device (`mpiexec -n N scaffe train`)."""
     return False
+
+
+# Caffe::solver_count()/solver_rank(), which Python layers read to take their share of the data in
+# multi-GPU training; here one training process per device: the MPI job, unless set explicitly.
+_solvers = {"count": None, "rank": None}
+
+
+def _mpi_world():
+    """(rank, size) of MPI.COMM_WORLD once MPI has started in this process (scaffe train starts it
+    before building nets), else (0, 1); never starts MPI itself."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return 0, 1
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def solver_count():
+    """How many processes train together: the MPI job's size (1 without MPI), or set_solver_count's."""
+    return _solvers["count"] if _solvers["count"] is not None else _mpi_world()[1]
+
+
+def solver_rank():
+    """This training process's rank among solver_count(): its MPI rank, or set_solver_rank's."""
+    return _solvers["rank"] if _solvers["rank"] is not None else _mpi_world()[0]
+
+
+def set_solver_count(count):
+    _solvers["count"] = int(count)
+
+
+def set_solver_rank(rank):
+    _solvers["rank"] = int(rank)
 
 
 # ---------------------------------------------------------------- nets

@@ -1,11 +1,17 @@
 """pycaffe's Net helpers (forward_all, forward_backward_all, set_input_arrays, HDF5 weights,
 clear_param_diffs), Solver.apply_update, has_nccl, and the deploy classes Classifier and Detector,
 against numpy oracles written from Caffe's documented behaviour."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy
 import pytest
 from PIL import Image
 
 import scaffe
+from scaffe import pycaffe
 
 IP_NET = """force_backward: true
 layer {{ name: "data" type: "Input" top: "data" input_param {{ shape {{ dim: {batch} dim: 3 dim: 4 dim: 4 }} }} }}
@@ -159,3 +165,18 @@ def test_detector_windows_and_context(tmp_path):
                                   scaffe.io.resize_image(loaded[0:6, 0:6], (4, 4)), rtol=1e-6)
     with pytest.raises(RuntimeError, match="selective_search_ijcv_with_python"):
         detector.detect_selective_search([path])
+
+
+def test_solver_count_and_rank(monkeypatch):
+    monkeypatch.setattr(pycaffe, "_solvers", {"count": None, "rank": None})
+    assert (scaffe.solver_rank(), scaffe.solver_count()) == (0, 1)  # MPI not started in this process
+    scaffe.set_solver_count(4)
+    scaffe.set_solver_rank(3)
+    assert (scaffe.solver_rank(), scaffe.solver_count()) == (3, 4)
+    # Under mpiexec, once MPI has started (scaffe train starts it before building nets): the MPI job.
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    code = "from mpi4py import MPI; import scaffe; print('share', scaffe.solver_rank(), scaffe.solver_count())"
+    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"), start_new_session=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("share")) == ["share 0 2", "share 1 2"]
