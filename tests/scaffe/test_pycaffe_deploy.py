@@ -167,7 +167,7 @@ def test_detector_windows_and_context(tmp_path):
         detector.detect_selective_search([path])
 
 
-def test_solver_count_and_rank(monkeypatch):
+def test_solver_count_and_rank(monkeypatch, tmp_path):
     monkeypatch.setattr(pycaffe, "_solvers", {"count": None, "rank": None})
     assert (scaffe.solver_rank(), scaffe.solver_count()) == (0, 1)  # MPI not started in this process
     scaffe.set_solver_count(4)
@@ -175,8 +175,10 @@ def test_solver_count_and_rank(monkeypatch):
     assert (scaffe.solver_rank(), scaffe.solver_count()) == (3, 4)
     # Under mpiexec, once MPI has started (scaffe train starts it before building nets): the MPI job.
     mpiexec = Path(sys.executable).with_name("mpiexec")
-    code = "from mpi4py import MPI; import scaffe; print('share', scaffe.solver_rank(), scaffe.solver_count())"
-    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"), start_new_session=True)
+    code = ("import sys; from mpi4py import MPI; import scaffe; "
+            "open(sys.argv[1] + str(scaffe.solver_rank()), 'w').write(str(scaffe.solver_count()))")
+    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-c", code, str(tmp_path / "rank")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"),
+                          start_new_session=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert sorted(line for line in done.stdout.splitlines() if line.startswith("share")) == ["share 0 2", "share 1 2"]
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["2", "2"]
