@@ -5,8 +5,8 @@ which are also commands of their own under those names (TOOL_SCRIPTS).
 
 Flags are accepted in Caffe's gflags spelling (`-solver x`, `-solver=x`) and in GNU spelling
 (`--solver=x`); glog's flags (`--minloglevel`, `--logtostderr`, `--log_dir`) work with every
-command and tool, and so do their GLOG_* variables (scaffe.log). Every failure ends with one line on stderr naming the file or layer concerned
-and exit status 1 (2 for a bad command line).
+command and tool, and so do their GLOG_* variables (scaffe.log). Every failure ends with one line
+on stderr naming the file or layer concerned and exit status 1 (2 for a bad command line).
 """
 import argparse
 import csv
