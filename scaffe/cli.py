@@ -533,9 +533,10 @@ def main(argv=None, program="scaffe"):
     return 1
 
 
-def tool_script():
-    """Entry point of the console scripts in TOOL_SCRIPTS: the script's own name is the command."""
-    name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+def tool_script(name=None):
+    """Entry point of the console scripts in TOOL_SCRIPTS (the script's own name is the command) and of
+    `python -m scaffe.tools.<module>` (`name`: its command); returns the exit code."""
+    name = name or os.path.splitext(os.path.basename(sys.argv[0]))[0]
     return main([name] + sys.argv[1:], program=name)
 
 

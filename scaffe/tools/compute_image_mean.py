@@ -70,4 +70,5 @@ def _write_mean(input_db, output_file):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scaffe.cli import tool_script  # glog's settings and lines, as for every command
+    sys.exit(tool_script("compute_image_mean"))

@@ -137,4 +137,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scaffe.cli import tool_script  # glog's settings and lines, as for every command
+    sys.exit(tool_script("convert_imageset"))
