@@ -26,11 +26,11 @@ def take_flags(argv, valued, booleans=()):
             rest.append(arg)
         elif negated or name in booleans:
             if negated and has_value:
-                raise ValueError(f"{arg}: --{name} takes no value")
+                raise ValueError(f"--{name} takes no value, got {arg!r}")
             flags[name[2:] if negated else name] = "false" if negated else (value if has_value else "true")
         else:
             value = value if has_value else next(args, None)
             if value is None:
-                raise ValueError(f"{arg}: --{name} needs a value")
+                raise ValueError(f"--{name} needs a value")
             flags[name] = value
     return rest, flags

@@ -433,3 +433,11 @@ def test_glog_settings_apply_to_every_command_and_tool(tmp_path, monkeypatch, ca
     finally:
         monkeypatch.delenv("GLOG_log_dir")
         setup_logging()  # closes the log files
+
+
+def test_glog_flags_are_taken_in_every_gflags_spelling(capsys):
+    from scaffe.log import take_glog_flags
+    rest, flags = take_glog_flags(["train", "-minloglevel=1", "--solver", "s", "-log_dir", "d", "--nologtostderr"])
+    assert rest == ["train", "--solver", "s"] and flags == {"minloglevel": "1", "log_dir": "d", "logtostderr": "false"}
+    assert take_glog_flags(["--logtostderr", "x", "-logtostderr=0"]) == (["x"], {"logtostderr": "0"})
+    assert main(["test", "--log_dir"]) == 2 and capsys.readouterr().err == "scaffe: --log_dir needs a value\n"
