@@ -29,5 +29,9 @@ setup(
         # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
         "draw": ["pydot"],
     },
-    entry_points={"console_scripts": ["scaffe = scaffe.cli:main"]},
+    # Caffe's tools under their own names too (scaffe.cli.TOOL_SCRIPTS), each the scaffe command of that name.
+    entry_points={"console_scripts": ["scaffe = scaffe.cli:main"] + [
+        f"{name} = scaffe.cli:tool_script" for name in ("convert_imageset", "convert_mnist_data", "compute_image_mean",
+                                                       "extract_features", "upgrade_net_proto_text",
+                                                       "upgrade_net_proto_binary", "upgrade_solver_proto_text")]},
 )

@@ -1,10 +1,12 @@
 """The `scaffe` command: Caffe's `caffe train|test|time|device_query` with its flags and log lines,
-plus Caffe's tools (`convert mnist|imageset`, `compute_image_mean`, `extract_features`,
-`upgrade_net_proto_text|binary`, `upgrade_solver_proto_text`).
+plus Caffe's tools (`convert_imageset`, `convert_mnist_data` (also `convert imageset|mnist`),
+`compute_image_mean`, `extract_features`, `upgrade_net_proto_text|binary`, `upgrade_solver_proto_text`),
+which are also commands of their own under those names (TOOL_SCRIPTS).
 
 Flags are accepted in Caffe's gflags spelling (`-solver x`, `-solver=x`) and in GNU spelling
-(`--solver=x`). Every failure ends with one line on stderr naming the file or layer concerned
-and exit status 1 (2 for a bad command line).
+(`--solver=x`); glog's flags (`--minloglevel`, `--logtostderr`, `--log_dir`) work with every
+command and tool, and so do their GLOG_* variables (scaffe.log). Every failure ends with one line
+on stderr naming the file or layer concerned and exit status 1 (2 for a bad command line).
 """
 import argparse
 import csv
@@ -16,7 +18,7 @@ import typing
 
 import numpy
 
-from scaffe.log import fmt, get_logger, output_line, setup_logging
+from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags
 from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger("scaffe.cli")
@@ -284,7 +286,6 @@ def _train(args):
 def _test(args):
     """Caffe's `caffe test`. Under an MPI launcher the ranks share the batches (scaffe.parallel.
     sharded_testing) and the root prints the one report a single process would."""
-    from scaffe.io import to_host
     from scaffe.net import Net
     from scaffe.parallel.launch import quiet_non_root, world
     from scaffe.parallel.sharded_testing import ShardedTesting, shardable
@@ -304,23 +305,30 @@ def _test(args):
                 return 0
         net.copy_trained_layers_from(args.weights)
         log.info("Running for %d iterations.", args.iterations)
-        batches = range(args.iterations) if sharding is None else sharding.batches(0, args.iterations)
-        rows = []  # per batch: its loss, then every output value
-        for _ in batches:
-            loss = float(net.forward())
-            rows.append([loss] + [float(v) for b in net.output_blobs for v in numpy.asarray(to_host(b.data)).ravel()])
-        net.check_deferred_errors()
-        if sharding is not None:
-            rows = sharding.gather(batches, rows)
-        if rows is not None:  # None on all but the root: it reports for everyone
+        rows = ((_forward_row(net) for _ in range(args.iterations)) if sharding is None
+                else sharding.rounds(0, args.iterations, lambda: _forward_row(net)))
+        if rank == 0:  # the root reports for everyone
             _report_scores(net, rows, args.iterations)
+        else:
+            for _ in rows:  # runs this rank's batches and their rounds' gathers
+                pass
     finally:
         net.close()
     return 0
 
 
+def _forward_row(net):
+    """One batch: its loss, then every output value."""
+    from scaffe.io import to_host
+    loss = float(net.forward())
+    row = [loss] + [float(v) for b in net.output_blobs for v in numpy.asarray(to_host(b.data)).ravel()]
+    net.check_deferred_errors()  # the host has just read the outputs anyway
+    return row
+
+
 def _report_scores(net, rows, iterations):
-    """Caffe's `caffe test` report: every batch's outputs, the mean loss, the mean of every output."""
+    """Caffe's `caffe test` report: every batch's outputs as the batch ends, the mean loss, the mean of
+    every output."""
     outputs = [(net.blob_names[blob_id], net.blob_loss_weights[blob_id])
                for blob_id in net.output_blob_ids for _ in range(net.blobs_list[blob_id].count)]
     totals = None
@@ -470,22 +478,36 @@ def _tool(module, *leading):
     return lambda argv: importlib.import_module(f"scaffe.tools.{module}").main(*leading, argv)
 
 
-for _name, _arguments, _summary in (
-        ("compute_image_mean", "DB [OUT]", "the mean image of an LMDB, as a binaryproto"),
-        ("extract_features", "WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]",
+for _name, _module, _arguments, _summary in (
+        ("convert_imageset", "convert_imageset", "[flags] ROOT/ LIST DB", "Caffe's name for convert imageset"),
+        ("convert_mnist_data", "convert_mnist", "IMAGES LABELS DB", "Caffe's name for convert mnist"),
+        ("compute_image_mean", "compute_image_mean", "DB [OUT]", "the mean image of an LMDB, as a binaryproto"),
+        ("extract_features", "extract_features",
+         "WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]",
          "store blobs of a forward pass, one Datum per sample")):
-    command(_name, _summary, _arguments, parses_own_flags=True)(_tool(_name))
+    command(_name, _summary, _arguments, parses_own_flags=True)(_tool(_module))
 for _name, _summary in (("upgrade_net_proto_text", "rewrite an old (V0/V1) net prototxt in today's format"),
                         ("upgrade_net_proto_binary", "the same for a .caffemodel"),
                         ("upgrade_solver_proto_text", 'the same for a solver (solver_type: ADAM -> type: "Adam")')):
     command(_name, _summary, "IN OUT", parses_own_flags=True)(_tool("upgrade_proto", _name))
 
 COMMANDS = tuple(_COMMANDS)
+# Caffe's tools under their own names (setup.py's console scripts): `convert_imageset ARGS` is
+# `scaffe convert_imageset ARGS`.
+TOOL_SCRIPTS = ("convert_imageset", "convert_mnist_data", "compute_image_mean", "extract_features",
+                "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text")
 
 
-def main(argv=None):
-    """Entry point of the `scaffe` console script and of `python -m scaffe`; returns the exit code."""
+def main(argv=None, program="scaffe"):
+    """Entry point of the `scaffe` console script and of `python -m scaffe`; returns the exit code.
+    glog's flags (--minloglevel, --logtostderr, --log_dir) may stand anywhere in `argv`; `program`
+    names glog's log files."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv, glog_flags = take_glog_flags(argv)
+    except ValueError as e:
+        sys.stderr.write(f"{program}: {e}\n")
+        return 2
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(_usage())
         return 0 if argv else 2
@@ -493,8 +515,8 @@ def main(argv=None):
     if cmd is None:
         sys.stderr.write(f"scaffe: unknown command {argv[0]!r}; known: {', '.join(COMMANDS)}\n")
         return 2
-    setup_logging()
     try:
+        setup_logging(glog_flags, program)
         args = argv[1:] if cmd.parses_own_flags else _parser().parse_args([cmd.name] + _gflags_to_gnu(argv[1:]))
         return int(cmd.handler(args) or 0)
     except SystemExit as e:  # --help, or a command line a parser refused
@@ -504,19 +526,31 @@ def main(argv=None):
         return int(e.code or 0)
     # NetError, SolverError and CaffeFormatError are ValueErrors or RuntimeErrors.
     except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError) as e:
-        _fail(cmd.name, e)
+        _fail(_who(program, cmd.name), e)
     except KeyboardInterrupt:
-        sys.stderr.write(f"scaffe {cmd.name}: interrupted\n")
+        sys.stderr.write(f"{_who(program, cmd.name)}: interrupted\n")
         return 130
     return 1
 
 
-def _fail(command_name, err):
+def tool_script(name=None):
+    """Entry point of the console scripts in TOOL_SCRIPTS (the script's own name is the command) and of
+    `python -m scaffe.tools.<module>` (`name`: its command); returns the exit code."""
+    name = name or os.path.splitext(os.path.basename(sys.argv[0]))[0]
+    return main([name] + sys.argv[1:], program=name)
+
+
+def _who(program, command_name):
+    """What the error line names: `scaffe train`, or a tool script's own name."""
+    return command_name if program == command_name else f"{program} {command_name}"
+
+
+def _fail(who, err):
     text = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, KeyError):
         text = f"missing {text}"
     sys.stderr.flush()
-    sys.stderr.write(f"scaffe {command_name}: error: {text}\n")
+    sys.stderr.write(f"{who}: error: {text}\n")
     sys.stderr.flush()
 
 

@@ -608,22 +608,23 @@ class Net(Closing):
 
     # ------------------------------------------------------------ weights in and out
 
-    def copy_trained_layers_from(self, source):
-        """Copies blobs from a NetParameter, a .caffemodel path or a .caffemodel.h5 path into the
-        layers of the same name (Caffe's CopyTrainedLayersFrom); other layers keep their values."""
-        if isinstance(source, caffe_pb2.NetParameter):
-            where = "<NetParameter>"
-            copied = self._copy_from_param(source, where)
-        else:
-            where = os.fspath(source)
-            copied = self._copy_from_file(where)
+    def copy_trained_layers_from(self, source, *more_sources):
+        """Copies blobs from each source in turn (a NetParameter, a .caffemodel path or a .caffemodel.h5
+        path) into the layers of the same name: Caffe's CopyTrainedLayersFrom, once per source as its
+        LoadNetWeights calls it, so a later source overwrites the layers it holds; others keep their values."""
+        sources = (source,) + more_sources
+        wheres = ["<NetParameter>" if isinstance(s, caffe_pb2.NetParameter) else os.fspath(s) for s in sources]
+        copied = set()
+        for each, where in zip(sources, wheres):
+            copied |= (self._copy_from_param(each, where) if isinstance(each, caffe_pb2.NetParameter)
+                       else self._copy_from_file(where))
         # Caffe is silent here, but a renamed or misspelt layer then trains from its fillers unnoticed.
         missing = [record.name for record in self.layer_records
                    if record.layer.blobs and record.name not in copied
                    and any(self.param_records[p].owner_id < 0 for p in record.param_ids)]
         if missing:
-            log.warning("%s has no weights for layer(s) %s of %s: they keep their filler values",
-                        where, ", ".join(f"'{n}'" for n in missing), self.source)
+            log.warning("%s %s no weights for layer(s) %s of %s: they keep their filler values", ", ".join(wheres),
+                        "have" if more_sources else "has", ", ".join(f"'{n}'" for n in missing), self.source)
 
     def _copy_from_file(self, path):
         """Names of the layers copied from the .caffemodel or .caffemodel.h5 file `path`."""

@@ -1,7 +1,7 @@
 """Turning a solver into a data-parallel one when the process was started by an MPI launcher."""
 import os
 
-from scaffe.log import get_logger
+from scaffe.log import get_logger, quiet_below
 
 log = get_logger(__name__)
 
@@ -56,10 +56,11 @@ def world():
 
 
 def quiet_non_root(rank):
-    """Only the root logs progress, like Caffe's multi-GPU training; warnings still show everywhere."""
+    """Only the root logs progress, like Caffe's multi-GPU training; warnings still show everywhere
+    (unless minloglevel hides them too)."""
     if rank != 0:
         import logging
-        get_logger().setLevel(logging.WARNING)
+        quiet_below(logging.WARNING)
 
 
 def shard_training_data(solver, rank, size):

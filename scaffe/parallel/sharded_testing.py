@@ -51,5 +51,22 @@ class ShardedTesting:
         parts = self.comm.gather((list(batches), numpy.asarray(rows, dtype=numpy.float64)), root=self.root)
         if self.rank != self.root:
             return None
-        ordered = sorted(((k, row) for indices, block in parts for k, row in zip(indices, block)), key=lambda kr: kr[0])
-        return [row for _, row in ordered]
+        return _in_batch_order(zip(indices, block) for indices, block in parts)
+
+    def rounds(self, net_id, iterations, run_batch):
+        """Runs this rank's batches of the next test of `iterations` batches of net `net_id` in rounds of one
+        batch per rank, and yields on the root every batch's `run_batch()` in global batch order as its round
+        ends (a report can then show each batch as it finishes); the other ranks yield nothing. Every rank
+        must exhaust it: each round ends in a gather."""
+        first = self._batches_run[net_id]
+        mine = self.batches(net_id, iterations)
+        for start in range(first, first + iterations, self.size):
+            results = [(k, run_batch()) for k in mine if start <= k < start + self.size]
+            parts = self.comm.gather(results, root=self.root)
+            if self.rank == self.root:
+                yield from _in_batch_order(parts)
+
+
+def _in_batch_order(parts):
+    """The results in every rank's part (pairs of global batch index and result), in batch order."""
+    return [result for _, result in sorted((pair for part in parts for pair in part), key=lambda pair: pair[0])]

@@ -133,8 +133,7 @@ class Solver:
         state.MergeFrom(p.train_state)
         net_param.state.CopyFrom(state)
         net = Net(net_param, source=source, **self.net_kwargs)
-        for weights in p.weights:
-            load_weights(net, weights)
+        load_weights(net, p.weights)
         return net
 
     def _init_test_nets(self):
@@ -149,8 +148,7 @@ class Solver:
             if self.root_solver:
                 log.info("Creating test net (#%d) specified by %s", i, what)
             net = Net(net_param, source=source, **self.net_kwargs)
-            for weights in self.param.weights:
-                load_weights(net, weights)
+            load_weights(net, self.param.weights)
             nets.append(net)
         return nets
 
@@ -492,12 +490,14 @@ def seed_random(seed):
 
 
 def load_weights(net, weights):
-    """Caffe's LoadNetWeights: a comma-separated list of .caffemodel(.h5) files, loaded in order."""
-    for path in str(weights).split(","):
-        path = path.strip()
-        if path:
-            log.info("Finetuning from %s", path)
-            net.copy_trained_layers_from(path)
+    """Caffe's LoadNetWeights for a comma-separated list of .caffemodel(.h5) files, or for each entry of
+    a solver's `weights`: the files are loaded in order, a later one overwriting the layers it holds."""
+    entries = [weights] if isinstance(weights, str) else weights
+    paths = [path.strip() for entry in entries for path in entry.split(",") if path.strip()]
+    for path in paths:
+        log.info("Finetuning from %s", path)
+    if paths:
+        net.copy_trained_layers_from(*paths)
 
 
 def read_solver_file(path):

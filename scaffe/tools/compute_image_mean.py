@@ -14,9 +14,12 @@ import numpy
 from scaffe.data.datum import datum_to_array
 from scaffe.data.lmdb_reader import open_database
 from scaffe.io import array_to_blobproto, write_blobproto
+from scaffe.log import get_logger
 from scaffe.tools.gflags import run_tool
 
 __all__ = ["main", "compute_image_mean"]
+
+log = get_logger(__name__)
 
 
 def compute_image_mean(db_path):
@@ -56,14 +59,16 @@ def main(argv=None):
 
 def _write_mean(input_db, output_file):
     mean, count = compute_image_mean(input_db)
-    print(f"Processed {count} files.")
+    log.info("Processed %d files.", count)
     if output_file:
         # Caffe's mean files carry the legacy 4-d header (1, C, H, W), not `shape`.
         write_blobproto(array_to_blobproto(mean[None], legacy_4d=True), output_file)
-        print(f"Write to {output_file}")
+        log.info("Write to %s", output_file)
+    log.info("Number of channels: %d", mean.shape[0])
     for c, v in enumerate(mean.reshape(mean.shape[0], -1).mean(axis=1)):
-        print(f"mean_value channel [{c}]: {v:g}")
+        log.info("mean_value channel [%d]: %g", c, v)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scaffe.cli import tool_script  # glog's settings and lines, as for every command
+    sys.exit(tool_script("compute_image_mean"))

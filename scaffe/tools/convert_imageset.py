@@ -17,9 +17,12 @@ import numpy
 
 from scaffe.data.datum import array_to_datum, encode_image, load_image, require_pillow
 from scaffe.data.lmdb_writer import LMDBWriter
+from scaffe.log import get_logger
 from scaffe.tools.gflags import run_tool, switches
 
 __all__ = ["main", "read_image_list", "convert_imageset"]
+
+log = get_logger(__name__)
 
 
 def read_image_list(list_file):
@@ -46,14 +49,15 @@ def _format_of(path):
 
 
 def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False, resize_height=0,
-                     resize_width=0, check_size=False, encoded=False, encode_type="", seed=0, log=print):
+                     resize_width=0, check_size=False, encoded=False, encode_type="", seed=0):
     """Writes the LMDB; returns the number of images stored. `seed` fixes the shuffle order."""
     require_pillow("convert_imageset")
     entries = read_image_list(list_file)
     if shuffle:
+        log.info("Shuffling data")
         order = numpy.random.RandomState(seed).permutation(len(entries))
         entries = [entries[i] for i in order]
-    log(f"A total of {len(entries)} images.")
+    log.info("A total of %d images.", len(entries))
     if (resize_height > 0) != (resize_width > 0):
         raise ValueError("give both --resize_height and --resize_width, or neither")
     color = not gray
@@ -66,7 +70,7 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
                 image = load_image(path, color=color, height=resize_height, width=resize_width)
             except (OSError, ValueError) as e:
                 # Caffe skips unreadable images with a warning and goes on.
-                log(f"Could not open or find file {path}: {e}")
+                log.error("Could not open or find file %s: %s", path, e)
                 continue
             if check_size:
                 first_shape = first_shape or image.shape
@@ -80,9 +84,9 @@ def convert_imageset(root_folder, list_file, db_path, gray=False, shuffle=False,
             db.put(f"{line_id:08d}_{rel_path}".encode("utf-8"), datum.SerializeToString())
             stored += 1
             if stored % 1000 == 0:
-                log(f"Processed {stored} files.")
+                log.info("Processed %d files.", stored)
     if stored % 1000:
-        log(f"Processed {stored} files.")
+        log.info("Processed %d files.", stored)
     return stored
 
 
@@ -125,7 +129,7 @@ def _parser():
 def main(argv=None):
     args = _parser().parse_args(switches(sys.argv[1:] if argv is None else argv, _SWITCHES, "convert_imageset"))
     if args.encode_type and not args.encoded:
-        print("encode_type specified, assuming encoded=true.")
+        log.info("encode_type specified, assuming encoded=true.")
     return run_tool("convert_imageset", args.backend, lambda: convert_imageset(
         args.root_folder, args.list_file, args.db_name, gray=args.gray, shuffle=args.shuffle,
         resize_height=args.resize_height, resize_width=args.resize_width, check_size=args.check_size,
@@ -133,4 +137,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scaffe.cli import tool_script  # glog's settings and lines, as for every command
+    sys.exit(tool_script("convert_imageset"))

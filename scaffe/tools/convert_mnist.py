@@ -3,7 +3,7 @@
 Keys are the record index as 8 ASCII digits ("%08d"); each value is a Datum with channels 1,
 height/width from the idx header, the raw pixel bytes and the label. Inputs may be gzipped.
 
-CLI (Caffe's argument order): convert_mnist IMAGE_FILE LABEL_FILE OUTPUT_DB [--backend=lmdb]
+CLI (Caffe's argument order): convert_mnist_data IMAGE_FILE LABEL_FILE OUTPUT_DB [--backend=lmdb]
 """
 import argparse
 import gzip
@@ -18,11 +18,14 @@ import numpy
 
 from scaffe.data.lmdb_reader import database_kind
 from scaffe.data.lmdb_writer import LMDBWriter
+from scaffe.log import get_logger
 from scaffe.proto import caffe_pb2
 from scaffe.tools.gflags import run_tool
 
 __all__ = ["main", "read_idx_images", "read_idx_labels", "convert_mnist", "ensure_mnist_lmdb",
            "bundled_mnist_dir"]
+
+log = get_logger(__name__)
 
 IMAGE_MAGIC = 2051
 LABEL_MAGIC = 2049
@@ -130,7 +133,7 @@ def ensure_mnist_lmdb(dest_dir, data_dir=None):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="convert_mnist", description="Convert MNIST idx files to an LMDB of Datum.")
+    p = argparse.ArgumentParser(prog="convert_mnist_data", description="Convert MNIST idx files to an LMDB of Datum.")
     p.add_argument("image_file")
     p.add_argument("label_file")
     p.add_argument("db_path")
@@ -142,10 +145,11 @@ def main(argv=None):
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
 
     def work():
-        print(f"A total of {convert_mnist(args.image_file, args.label_file, args.db_path)} items.")
+        log.info("A total of %d items.", convert_mnist(args.image_file, args.label_file, args.db_path))
 
-    return run_tool("convert_mnist", args.backend, work)
+    return run_tool("convert_mnist_data", args.backend, work)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from scaffe.cli import tool_script  # glog's settings and lines, as for every command
+    sys.exit(tool_script("convert_mnist_data"))

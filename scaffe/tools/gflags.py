@@ -7,30 +7,21 @@ both `-backend` and `--backend` are declared; gflags booleans (`-gray`, `--gray=
 """
 import sys
 
-__all__ = ["switches", "require_lmdb", "run_tool"]
+from scaffe.gflags import gflags_bool, take_flags
 
-_TRUE = ("1", "true", "yes", "y", "t")
-_FALSE = ("0", "false", "no", "n", "f")
+__all__ = ["switches", "require_lmdb", "run_tool"]
 
 
 def switches(argv, names, tool):
     """argv with each gflags boolean in `names` turned into `--name` (on) or dropped (off)."""
-    out = []
-    for arg in argv:
-        name, has_value, value = arg.lstrip("-").partition("=")
-        negated = name.startswith("no") and name[2:] in names
-        if not arg.startswith("-") or not (name in names or negated):
-            out.append(arg)
-            continue
-        if has_value and value.lower() not in _TRUE + _FALSE:
+    try:
+        rest, flags = take_flags(argv, (), names)
+    except ValueError as e:
+        raise SystemExit(f"{tool}: {e}") from None
+    for name, value in flags.items():
+        if gflags_bool(value) is None:
             raise SystemExit(f"{tool}: --{name} takes true or false, got {value!r}")
-        on = value.lower() not in _FALSE if has_value else True
-        if negated:
-            on = not on
-            name = name[2:]
-        if on:
-            out.append("--" + name)
-    return out
+    return rest + [f"--{name}" for name, value in flags.items() if gflags_bool(value)]
 
 
 def require_lmdb(backend):

@@ -1,5 +1,6 @@
 """The `scaffe` command line: Caffe's flags, its log lines, exit codes and one-line errors."""
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def messages(err):
 
 
 def run(capsys, *argv):
-    code = main(list(argv))
+    code = main([str(a) for a in argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -295,3 +296,148 @@ def test_usage_lists_every_registered_command(capsys):
     lines = capsys.readouterr().out.splitlines()
     for command in COMMANDS:
         assert any(line.startswith(f"  {command} ") for line in lines), command
+
+
+CHAIN_NET = """
+layer {{ name: "in" type: "DummyData" top: "a" top: "t"
+  dummy_data_param {{ shape {{ dim: 2 dim: 3 }} shape {{ dim: 2 dim: {out} }}
+                      data_filler {{ type: "gaussian" }} data_filler {{ type: "constant" value: 1 }} }} }}
+{layers}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "{last}" bottom: "t" top: "loss" }}
+"""
+CHAIN_LAYERS = {"fc1": (3, 4), "fc2": (4, 4), "fc3": (4, 2)}  # name: (inputs, outputs)
+
+
+def chain_net(*names):
+    """A DummyData net through the InnerProduct layers `names` (of CHAIN_LAYERS) to a Euclidean loss."""
+    layers, bottom = [], "a"
+    for name in names:
+        layers.append(f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" top: "{name}" '
+                      f'inner_product_param {{ num_output: {CHAIN_LAYERS[name][1]} '
+                      f'weight_filler {{ type: "gaussian" }} bias_filler {{ type: "gaussian" }} }} }}')
+        bottom = name
+    return CHAIN_NET.format(layers="\n".join(layers), last=bottom, out=CHAIN_LAYERS[names[-1]][1])
+
+
+def save_chain(path, *names):
+    from scaffe.net import Net
+    with Net(sio.parse_net_text(chain_net(*names)), "TRAIN") as net:
+        net.save(path)
+    return sio.read_weights(path)
+
+
+def test_comma_separated_weights_load_in_turn_and_the_warning_is_true(tmp_path, monkeypatch, capsys):
+    """Caffe's LoadNetWeights: each file in turn, a later one overwriting the layers it holds; only a
+    layer that no file holds keeps its filler values, and the one warning says so."""
+    monkeypatch.chdir(tmp_path)
+    first = save_chain(tmp_path / "a.caffemodel", "fc1", "fc2")
+    second = save_chain(tmp_path / "b.caffemodel", "fc1")
+    (tmp_path / "net.prototxt").write_text(chain_net("fc1", "fc2", "fc3"))
+    (tmp_path / "solver.prototxt").write_text('net: "net.prototxt" base_lr: 0 lr_policy: "fixed" max_iter: 1 '
+                                              'snapshot_prefix: "chain"\n')
+    code, _, err = run(capsys, "train", "--solver=solver.prototxt", "--weights=a.caffemodel,b.caffemodel")
+    assert code == 0, err
+    msgs = messages(err)
+    assert msgs.index("Finetuning from a.caffemodel") < msgs.index("Finetuning from b.caffemodel")
+    warnings = [line for line in err.splitlines() if line.startswith("W")]
+    assert len(warnings) == 1 and "'fc3'" in warnings[0] and "'fc2'" not in warnings[0], warnings
+    assert "a.caffemodel, b.caffemodel have no weights" in warnings[0], warnings
+    trained = sio.read_weights(tmp_path / "chain_iter_1.caffemodel")  # base_lr 0: the loaded values
+    for name, source in (("fc1", second), ("fc2", first)):
+        for got, want in zip(trained[name], source[name]):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_test_command_logs_each_batch_as_it_ends(tmp_path, monkeypatch, capsys):
+    import logging
+
+    from scaffe.log import get_logger
+    from scaffe.net import Net
+    monkeypatch.chdir(tmp_path)
+    save_chain(tmp_path / "w.caffemodel", "fc1")
+    (tmp_path / "net.prototxt").write_text(chain_net("fc1"))
+    events = []
+    real_forward = Net.forward
+    monkeypatch.setattr(Net, "forward", lambda net, *a, **k: events.append("forward") or real_forward(net, *a, **k))
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            events.append(record.getMessage())
+
+    recorder = Recorder()
+    get_logger().addHandler(recorder)
+    try:
+        code, _, err = run(capsys, "test", "--model=net.prototxt", "--weights=w.caffemodel", "--iterations=3")
+    finally:
+        get_logger().removeHandler(recorder)
+    assert code == 0, err
+    order = [e if e == "forward" else e.split(",")[0] for e in events if e == "forward" or e.startswith("Batch ")]
+    assert order == ["forward", "Batch 0", "forward", "Batch 1", "forward", "Batch 2"]
+
+
+def test_glog_settings_apply_to_every_command_and_tool(tmp_path, monkeypatch, capsys):
+    """GLOG_minloglevel, GLOG_logtostderr, GLOG_log_dir and their flags (which win), as Caffe's tools take them."""
+    from scaffe.cli import tool_script
+    from scaffe.log import setup_logging
+    from scaffe.tools.convert_mnist import bundled_mnist_dir
+    monkeypatch.chdir(tmp_path)
+    save_chain(tmp_path / "w.caffemodel", "fc1")
+    (tmp_path / "net.prototxt").write_text(chain_net("fc1", "fc3"))  # fc3 is not in w: one warning
+    scoring = ["test", "--model=net.prototxt", "--weights=w.caffemodel", "--iterations=1"]
+
+    def letters(*argv):
+        """The severity letters of the glog lines a command logs (its only output)."""
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and not out and (not err or GLOG.match(err)), err
+        return {line[0] for line in err.splitlines() if GLOG.match(line)}
+
+    data = bundled_mnist_dir()
+    assert letters("convert_mnist_data", data / "t10k-images-idx3-ubyte.gz", data / "t10k-labels-idx1-ubyte.gz",
+                   "digits") == {"I"}
+    assert letters(*scoring) == {"I", "W"}
+    monkeypatch.setenv("GLOG_minloglevel", "1")
+    assert letters(*scoring) == {"W"}
+    assert letters("compute_image_mean", "digits", "mean.binaryproto") == set()
+    assert letters(*scoring, "--minloglevel=2") == set()
+    assert letters("-minloglevel", "0", *scoring) == {"I", "W"}
+    assert letters("compute_image_mean", "--minloglevel", "0", "digits") == {"I"}
+    code, _, err = run(capsys, "convert_imageset", "--nologtostderr", "--minloglevel=3", "root/", "no_list", "db")
+    assert code == 1 and err.startswith("convert_imageset: ") and "no_list" in err, err  # errors always show
+    monkeypatch.setenv("GLOG_minloglevel", "often")
+    code, _, err = run(capsys, *scoring)
+    assert code == 1 and err == "scaffe test: error: GLOG_minloglevel must be a severity number (0 INFO, " \
+                                "1 WARNING, 2 ERROR, 3 FATAL), got 'often'\n"
+    monkeypatch.delenv("GLOG_minloglevel")
+
+    # Log files: glog's names, one per severity holding that severity and above, only where log_dir says.
+    monkeypatch.setenv("GLOG_log_dir", str(tmp_path / "logs"))
+    try:
+        monkeypatch.setattr(sys, "argv", ["/usr/bin/convert_mnist_data", str(data / "t10k-images-idx3-ubyte.gz"),
+                                          str(data / "t10k-labels-idx1-ubyte.gz"), "digits2"])
+        assert tool_script() == 0
+        capsys.readouterr()
+        assert run(capsys, *scoring)[0] == 0
+        files = sorted(p.name for p in (tmp_path / "logs").iterdir())
+        assert [f for f in files if "." not in f.partition(".")[2]] == [
+            "convert_mnist_data.INFO", "scaffe.INFO", "scaffe.WARNING"]
+        info = (tmp_path / "logs" / "convert_mnist_data.INFO").read_text().splitlines()
+        assert info[0].startswith("Log file created at: ") and GLOG.match(info[3])
+        assert info[-1].endswith("] A total of 1000 items.")
+        warning = (tmp_path / "logs" / "scaffe.WARNING").read_text()
+        assert "'fc3'" in warning and "] Running for 1 iterations." not in warning
+        assert "] Running for 1 iterations." in (tmp_path / "logs" / "scaffe.INFO").read_text()
+        assert re.fullmatch(r"scaffe\.[\w.-]+\.log\.INFO\.\d{8}-\d{6}\.\d+", os.readlink(tmp_path / "logs" / "scaffe.INFO"))
+        monkeypatch.setenv("GLOG_log_dir", str(tmp_path / "other"))
+        assert run(capsys, *scoring, "--logtostderr")[0] == 0
+        assert not (tmp_path / "other").exists()
+    finally:
+        monkeypatch.delenv("GLOG_log_dir")
+        setup_logging()  # closes the log files
+
+
+def test_glog_flags_are_taken_in_every_gflags_spelling(capsys):
+    from scaffe.log import take_glog_flags
+    rest, flags = take_glog_flags(["train", "-minloglevel=1", "--solver", "s", "-log_dir", "d", "--nologtostderr"])
+    assert rest == ["train", "--solver", "s"] and flags == {"minloglevel": "1", "log_dir": "d", "logtostderr": "false"}
+    assert take_glog_flags(["--logtostderr", "x", "-logtostderr=0"]) == (["x"], {"logtostderr": "0"})
+    assert main(["test", "--log_dir"]) == 2 and capsys.readouterr().err == "scaffe: --log_dir needs a value\n"

@@ -2,6 +2,9 @@
 backend, extract_features, and the runtime dependencies convert imageset needs."""
 import importlib.metadata
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +17,8 @@ from scaffe.net import Net
 from scaffe.proto import caffe_pb2
 from scaffe.tools.convert_mnist import bundled_mnist_dir, ensure_mnist_lmdb
 from image_folder import write_image_folder
+from test_cli import GLOG, messages
+from training_job import Job
 
 
 def run(capsys, *argv):
@@ -43,7 +48,7 @@ def test_convert_imageset_takes_caffes_flags(tmp_path, monkeypatch, capsys):
                          "4", "-resize_height=3", "-check_size", "--encoded=false", "-encode_type=png",
                          "img/", "list.txt", "gray_png")
     assert code == 0, err
-    assert "encode_type specified, assuming encoded=true." in out
+    assert not out and "encode_type specified, assuming encoded=true." in messages(err)
     with LMDBDatabase(tmp_path / "gray_png") as db:
         values = [caffe_pb2.Datum.FromString(v) for _, v in db.items()]
     assert len(values) == 4 and all(d.encoded and d.data.startswith(b"\x89PNG") for d in values)
@@ -68,7 +73,9 @@ def test_compute_image_mean_and_convert_mnist_take_caffes_flags(tmp_path, monkey
         images = np.stack([datum_to_array(v)[0] for _, v in db.items()]).astype(np.float64)
     np.testing.assert_allclose(mean, images.mean(axis=0), rtol=1e-6)
     code, out, err = run(capsys, "compute_image_mean", "--backend", "lmdb", "test_lmdb")
-    assert code == 0 and "mean_value channel [0]:" in out, err
+    assert code == 0 and not out, err
+    assert "Number of channels: 1" in messages(err)
+    assert any(re.fullmatch(r"mean_value channel \[0\]: [\d.]+", m) for m in messages(err)), err
     code, _, err = run(capsys, "compute_image_mean", "-backend=leveldb", "test_lmdb", "m2.binaryproto")
     assert code == 1
     one_error_line(err, "compute_image_mean", "leveldb")
@@ -136,3 +143,44 @@ def test_extract_features_errors(feature_net, tmp_path, capsys):
         one_error_line(err, "extract_features", *words)
     code, _, err = run(capsys, "extract_features", weights, model)
     assert code == 1 and "usage: extract_features pretrained_net_param" in err
+
+
+def test_caffes_tool_names_are_installed_commands(tmp_path):
+    """setup.py installs each of Caffe's tool names as a command taking Caffe's arguments and logging
+    in glog's format on stderr, as the `scaffe` command of that name does."""
+    from scaffe.cli import COMMANDS, TOOL_SCRIPTS
+    scripts = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts")
+               if ep.value.startswith("scaffe.")}
+    assert scripts == {"scaffe": "scaffe.cli:main", **{name: "scaffe.cli:tool_script" for name in TOOL_SCRIPTS}}
+    assert set(TOOL_SCRIPTS) <= set(COMMANDS)
+    data = bundled_mnist_dir()
+    bin_dir = Path(sys.executable).parent
+    for argv in ([bin_dir / "convert_mnist_data", "-backend", "lmdb", data / "t10k-images-idx3-ubyte.gz",
+                  data / "t10k-labels-idx1-ubyte.gz", tmp_path / "digits"],
+                 [bin_dir / "compute_image_mean", tmp_path / "digits", tmp_path / "mean.binaryproto"]):
+        proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and not proc.stdout, proc.stderr
+        assert messages(proc.stderr) and all(GLOG.match(line) for line in proc.stderr.splitlines()), proc.stderr
+    # The modules run as scripts (the MNIST README's way) log the same way.
+    proc = subprocess.run([sys.executable, "-m", "scaffe.tools.convert_mnist", data / "t10k-images-idx3-ubyte.gz",
+                           data / "t10k-labels-idx1-ubyte.gz", tmp_path / "again"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and not proc.stdout and "A total of 1000 items." in messages(proc.stderr), proc.stderr
+    assert sio.read_mean_file(tmp_path / "mean.binaryproto").shape == (1, 28, 28)
+
+
+def test_extract_features_under_mpiexec_writes_what_one_process_writes(feature_net, tmp_path, capsys):
+    """Two ranks share the batches (rank 0 runs 0 and 2, rank 1 runs 1) and the root writes the databases
+    that one process writes, record for record."""
+    blobs = ("ip", "label")
+    args = [feature_net / "net.caffemodel", feature_net / "net.prototxt", ",".join(blobs)]
+    code, _, err = run(capsys, "extract_features", *args, ",".join(str(tmp_path / f"one_{b}") for b in blobs),
+                       3, "lmdb", "CPU")
+    assert code == 0, err
+    with Job(2, ["extract_features"] + [str(a) for a in args] +
+             [",".join(str(tmp_path / f"two_{b}") for b in blobs), "3", "lmdb", "CPU"]) as job:
+        assert job.finish(240) == 0, job.log[-3000:]
+    assert job.log.count("Successfully extracted the features!") == 1, job.log[-3000:]
+    for b in blobs:
+        with LMDBDatabase(tmp_path / f"one_{b}") as one, LMDBDatabase(tmp_path / f"two_{b}") as two:
+            assert list(two.items()) == list(one.items()) and len(one) == 21
