@@ -31,7 +31,7 @@ SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers
                                                                   host memory and back around the host path
                                                                   (device_path)
 
-scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log.
+scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log, SCAFFE_PIECE_BYTES by scaffe.parallel.pieces.
 """
 import math
 import os

@@ -13,6 +13,9 @@ collective's few hundred microseconds of Python on the training and progress thr
 becomes 36 pieces). It is also the allreduce schedule's bucket size.
 """
 from collectives.settings import positive_int
+from scaffe.log import get_logger
+
+log = get_logger(__name__)
 
 PIECE_BYTES = 4 << 20
 
@@ -20,6 +23,17 @@ PIECE_BYTES = 4 << 20
 def piece_bytes():
     """SCAFFE_PIECE_BYTES: the largest message of a layer's gradients or parameters (default 4 MiB)."""
     return positive_int("SCAFFE_PIECE_BYTES", PIECE_BYTES)
+
+
+def updates_by_piece(solver, rank):
+    """Whether a schedule may update each piece as its sum arrives: not when the solver clips gradients,
+    which needs their global norm first (the root's log says so once)."""
+    if solver.param.clip_gradients < 0:
+        return True
+    if rank == 0:
+        log.info("clip_gradients needs the global gradient norm: the update waits for every piece of every "
+                 "layer (pieces still travel; the update does not overlap them)")
+    return False
 
 
 class Piece:

@@ -35,12 +35,9 @@ import numpy
 from mpi4py import MPI
 
 from scaffe import timeline
-from scaffe.log import get_logger
 from scaffe.parallel.base import Schedule
-from scaffe.parallel.pieces import layer_pieces, piece_bytes
+from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
-
-log = get_logger(__name__)
 
 
 class SCaffeSchedule(Schedule):
@@ -48,10 +45,7 @@ class SCaffeSchedule(Schedule):
         super().__init__(solver, comm)
         self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
         self.piece_bytes = piece_bytes()
-        self._per_piece = solver.param.clip_gradients < 0  # clipping needs every gradient first
-        if not self._per_piece and self.rank == self.root:
-            log.info("clip_gradients needs the global gradient norm: the root updates after every piece of "
-                     "every layer has been reduced (pieces still travel, the update does not overlap them)")
+        self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first
         self._bcasts = {}      # layer index -> requests, for the first forward only
         self._propagating = []  # (layer index, request) of this iteration's parameter broadcasts
         self._reduces = []     # (piece, layer index, request) of this iteration's gradient reduces

@@ -28,16 +28,21 @@ def _run(ranks, args, timeout=240, env=None):
 
 
 # Each case: a schedule and the solver's settings (the LeNet solver's SGD with momentum, weight decay and
-# lr_mult 2 on the biases when none). The scaffe schedule's root updates each piece of a layer as its sum
-# arrives: with every solver type (history included), and with clipping, which needs every gradient first.
+# lr_mult 2 on the biases when none). The scaffe schedule's root, and every rank of the allreduce schedule,
+# update each piece of a layer as its sum arrives: with every solver type (history included), and with
+# clipping, which needs every gradient first.
 CASES = [("scaffe", []), ("allreduce", []), ("native", []),
          ("scaffe", ["type=Nesterov"]),
          ("scaffe", ["type=AdaGrad", "momentum=0", "delta=0.0001"]),
          ("scaffe", ["type=RMSProp", "momentum=0", "rms_decay=0.98", "base_lr=0.001", "delta=0.0001"]),
          ("scaffe", ["type=AdaDelta", "momentum=0.95", "delta=0.000001", "base_lr=1"]),
          ("scaffe", ["type=Adam", "base_lr=0.001", "momentum2=0.999"]),
-         ("scaffe", ["clip_gradients=0.5"])]
-# Pieces of 60000 bytes: ip1's weights travel in 27 pieces, conv2's in 2, and no piece ends on a blob's end.
+         ("scaffe", ["clip_gradients=0.5"]),
+         ("allreduce", ["type=Adam", "base_lr=0.001", "momentum2=0.999"]),
+         ("allreduce", ["type=AdaDelta", "momentum=0.95", "delta=0.000001", "base_lr=1"]),
+         ("allreduce", ["clip_gradients=0.5"])]
+# Pieces (and allreduce buckets) of 60000 bytes: ip1's weights travel in 27 pieces, conv2's in 2, and no piece
+# ends on a blob's end.
 PIECE_BYTES = "60000"
 
 
