@@ -1,7 +1,7 @@
 """Data-parallel training throughput and scaling: images/s, scaling efficiency and the fraction of
 communication hidden behind compute, for each rank count and schedule, against the no-overlap baseline.
 
-    python -m perf.train_scaling [--net lenet|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
+    python -m perf.train_scaling [--net lenet|cifar10_quick|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
                                  [--repeats 3] [--batch B] [--launcher 'mpiexec -n {ranks}'] [--hosts H]
                                  [--traces DIR] [--link-rate MB/s]
 
@@ -14,8 +14,10 @@ without the launcher and without communication: the reference of the scaling eff
 images/s(P) / (P x images/s(1)). Every column is the median over the repeats.
 
 Nets: `lenet` (default) reads the bundled MNIST LMDB, each rank its shard, batch 64 per rank;
-`alexnet` is Caffe's bvlc_alexnet (examples/alexnet/deploy.prototxt, its fillers) trained with a
-SoftmaxWithLoss on synthetic data (a DummyData layer of constant images and labels), batch 8 per rank.
+`cifar10_quick` is examples/cifar10's net on random images (an Input layer filled once, as
+perf.bench_train does), batch 100 per rank, with cifar10_quick_solver's settings; `alexnet` is
+Caffe's bvlc_alexnet (examples/alexnet/deploy.prototxt, its fillers) trained with a SoftmaxWithLoss
+on synthetic data (a DummyData layer of constant images and labels), batch 8 per rank.
 
 Launcher: `{ranks}` is the number of ranks, `{per_host}` that divided by --hosts. On the multi-host
 bed: --hosts 2 --launcher 'jobs/cluster.sh run -n {per_host}'.
@@ -42,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("scaffe", "allreduce", "native")
-NETS = {"lenet": 64, "alexnet": 8}  # name -> default batch per rank
+NETS = {"lenet": 64, "cifar10_quick": 100, "alexnet": 8}  # name -> default batch per rank
 RESULT = "RESULT "  # the worker root's lines the driver reads
 
 
@@ -93,9 +95,23 @@ def alexnet_solver_param(batch):
     return param
 
 
+def cifar10_quick_solver_param(batch):
+    from perf.bench_train import MODELS, synthetic_train_net
+    from scaffe.proto import caffe_pb2
+    path, _, image_shape = MODELS["cifar10_quick"]
+    param = caffe_pb2.SolverParameter(type="SGD", base_lr=0.001, momentum=0.9, weight_decay=0.004, lr_policy="fixed")
+    param.net_param.CopyFrom(synthetic_train_net(path, batch, image_shape))
+    return param
+
+
+SOLVER_PARAMS = {"lenet": lenet_solver_param, "cifar10_quick": cifar10_quick_solver_param,
+                 "alexnet": alexnet_solver_param}
+
+
 def make_solver(net, batch, rank):
+    from perf.bench_train import fill_synthetic_inputs
     from scaffe.solvers import create_solver
-    param = lenet_solver_param(batch) if net == "lenet" else alexnet_solver_param(batch)
+    param = SOLVER_PARAMS[net](batch)
     param.max_iter = 10 ** 9
     del param.test_iter[:]
     param.test_interval = 0
@@ -104,7 +120,10 @@ def make_solver(net, batch, rank):
     param.snapshot_after_train = False
     param.random_seed = 1
     param.solver_mode = param.CPU
-    return create_solver(param, root_solver=rank == 0)
+    solver = create_solver(param, root_solver=rank == 0)
+    if net == "cifar10_quick":
+        fill_synthetic_inputs(solver.net)
+    return solver
 
 
 # ---------------------------------------------------------------- the worker (one job)
@@ -228,7 +247,7 @@ def _bound_columns(args, ranks, m):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m perf.train_scaling", description=__doc__.splitlines()[0])
     p.add_argument("--net", choices=sorted(NETS), default="lenet")
-    p.add_argument("--batch", type=int, default=None, help="images per rank per iteration (lenet 64, alexnet 8)")
+    p.add_argument("--batch", type=int, default=None, help="images per rank per iteration (lenet 64, cifar10_quick 100, alexnet 8)")
     p.add_argument("--ranks", default="1,2,4", help="comma-separated rank counts")
     p.add_argument("--iterations", type=int, default=20, help="timed iterations per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (numba compiles then)")

@@ -71,6 +71,19 @@ def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
     assert loss.type == "SoftmaxWithLoss" and list(loss.bottom) == ["fc8", "label"]
 
 
+def test_train_scaling_cifar10_quick_trains_on_random_images():
+    import numpy
+    from perf.train_scaling import make_solver
+    solver = make_solver("cifar10_quick", 4, 0)
+    data, label = solver.net.input_blobs
+    assert data.shape == (4, 3, 32, 32) and 0 < float(data.data.std()) and set(label.data) <= set(range(10))
+    assert [blob.shape for blob in solver.net.learnable_params][-2:] == [(10, 64), (10,)]
+    before = solver.net.learnable_params[0].data.copy()
+    solver.step(1)
+    assert numpy.isfinite(solver.smoothed_loss) and not numpy.array_equal(solver.net.learnable_params[0].data, before)
+    solver.close()
+
+
 def _trace():
     def x(pid, name, cat, tid, start, end):
         return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": start, "dur": end - start}
