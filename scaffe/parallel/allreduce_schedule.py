@@ -109,12 +109,7 @@ class AllreduceSchedule(Schedule):
         """Unpack, in launch order, the buckets whose sums have arrived (all, with `wait`): sum / P into the
         gradients, then, piece by piece, the solver's update of those elements."""
         scale = numpy.float32(1.0 / self.size)
-        while self._finished < len(self._buckets):
-            flat, layout, request = self._buckets[self._finished]
-            if wait:
-                self.wait_all([request], "gradients")
-            elif not request.Test():
-                return
+        for flat, layout, _ in self.arrived(self._buckets, self._finished, wait):
             self._finished += 1
             with timeline.updating():
                 for piece, start, stop in layout:

@@ -80,6 +80,16 @@ class Schedule(SolverCallback):
             with events.labelled(("parameters", (layer_id,))):
                 self.comm.Bcast(data, root=self.root)
 
+    def arrived(self, entries, first, wait):
+        """`entries[first:]` (each ending with its request) in order while their requests have completed,
+        the first still in flight ends it; with `wait`, all of them, waiting for each in turn."""
+        for entry in entries[first:]:
+            if wait:
+                self.wait_all([entry[-1]], "gradients")
+            elif not entry[-1].Test():
+                return
+            yield entry
+
     @staticmethod
     def wait_all(requests, what, layer_id=None):
         """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""

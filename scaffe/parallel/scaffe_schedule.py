@@ -120,12 +120,7 @@ class SCaffeSchedule(Schedule):
 
     def _update_arrived(self, wait):
         """Update and broadcast, in reduce order, the pieces whose sums have arrived (all, with `wait`)."""
-        while self._updated < len(self._reduces):
-            piece, layer_id, request = self._reduces[self._updated]
-            if wait:
-                self.wait_all([request], "gradients")
-            elif not request.Test():
-                return
+        for piece, layer_id, _ in self.arrived(self._reduces, self._updated, wait):
             self._updated += 1
             with timeline.updating():
                 # Averaged here, or all at once before clipping.
