@@ -31,7 +31,8 @@ SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers
                                                                   host memory and back around the host path
                                                                   (device_path)
 
-scaffe's logging settings (glog's GLOG_minloglevel, GLOG_logtostderr, GLOG_log_dir) are read by scaffe.log.
+scaffe's logging settings (glog's GLOG_minloglevel, GLOG_logtostderr, GLOG_log_dir) are read by scaffe.log,
+SCAFFE_PIECE_BYTES by scaffe.parallel.pieces.
 """
 import math
 import os

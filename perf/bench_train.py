@@ -68,11 +68,16 @@ def make_solver(name, xp=numpy):
                                              snapshot_after_train=False)
     solver_param.net_param.CopyFrom(synthetic_train_net(path, batch, shape))
     solver = create_solver(solver_param, net_kwargs={"xp": xp})
+    fill_synthetic_inputs(solver.net, xp)
+    return solver, batch
+
+
+def fill_synthetic_inputs(net, xp=numpy):
+    """Random images in [0, 1) and labels of 10 classes, once, in the Input layer of a `synthetic_train_net`."""
     rng = numpy.random.RandomState(0)
-    data, label = solver.net.input_blobs
+    data, label = net.input_blobs
     data.data[...] = xp.asarray(rng.uniform(0, 1, data.shape).astype(data.dtype))
     label.data[...] = xp.asarray(rng.randint(0, 10, label.shape).astype(label.dtype))
-    return solver, batch
 
 
 def bench(name, iterations, warmup, xp=numpy):

@@ -1,9 +1,9 @@
 """Data-parallel training throughput and scaling: images/s, scaling efficiency and the fraction of
 communication hidden behind compute, for each rank count and schedule, against the no-overlap baseline.
 
-    python -m perf.train_scaling [--net lenet|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
+    python -m perf.train_scaling [--net lenet|cifar10_quick|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
                                  [--repeats 3] [--batch B] [--launcher 'mpiexec -n {ranks}'] [--hosts H]
-                                 [--traces DIR]
+                                 [--traces DIR] [--link-rate MB/s]
 
 For each rank count P > 1, one job is launched (the launcher template, then this module as the worker);
 in it the schedules `scaffe` and `allreduce` and the baseline `native` (MPI's own Allreduce of every
@@ -14,8 +14,10 @@ without the launcher and without communication: the reference of the scaling eff
 images/s(P) / (P x images/s(1)). Every column is the median over the repeats.
 
 Nets: `lenet` (default) reads the bundled MNIST LMDB, each rank its shard, batch 64 per rank;
-`alexnet` is Caffe's bvlc_alexnet (examples/alexnet/deploy.prototxt, its fillers) trained with a
-SoftmaxWithLoss on synthetic data (a DummyData layer of constant images and labels), batch 8 per rank.
+`cifar10_quick` is examples/cifar10's net on random images (an Input layer filled once, as
+perf.bench_train does), batch 100 per rank, with cifar10_quick_solver's settings; `alexnet` is
+Caffe's bvlc_alexnet (examples/alexnet/deploy.prototxt, its fillers) trained with a SoftmaxWithLoss
+on synthetic data (a DummyData layer of constant images and labels), batch 8 per rank.
 
 Launcher: `{ranks}` is the number of ranks, `{per_host}` that divided by --hosts. On the multi-host
 bed: --hosts 2 --launcher 'jobs/cluster.sh run -n {per_host}'.
@@ -25,6 +27,9 @@ bed: --hosts 2 --launcher 'jobs/cluster.sh run -n {per_host}'.
 Columns: compute ms is each rank's forward, backward and update time per iteration less its waits,
 comm ms its collectives' time per iteration (both averaged over ranks); hidden is the part of the
 collectives' time that overlapped compute (scaffe.timeline); vs native is images/s over the baseline's.
+With `--link-rate` (MB/s one way, 10^6 bytes, as perf.link_rate measures it): wire ms is the time the
+gradients (every learnable blob once) take on that link, bound ms is max(compute ms, wire ms), what a
+schedule that hides all communication reaches, and x bound is iter ms over it.
 """
 import argparse
 import json
@@ -39,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("scaffe", "allreduce", "native")
-NETS = {"lenet": 64, "alexnet": 8}  # name -> default batch per rank
+NETS = {"lenet": 64, "cifar10_quick": 100, "alexnet": 8}  # name -> default batch per rank
 RESULT = "RESULT "  # the worker root's lines the driver reads
 
 
@@ -90,9 +95,23 @@ def alexnet_solver_param(batch):
     return param
 
 
+def cifar10_quick_solver_param(batch):
+    from perf.bench_train import MODELS, synthetic_train_net
+    from scaffe.proto import caffe_pb2
+    path, _, image_shape = MODELS["cifar10_quick"]
+    param = caffe_pb2.SolverParameter(type="SGD", base_lr=0.001, momentum=0.9, weight_decay=0.004, lr_policy="fixed")
+    param.net_param.CopyFrom(synthetic_train_net(path, batch, image_shape))
+    return param
+
+
+SOLVER_PARAMS = {"lenet": lenet_solver_param, "cifar10_quick": cifar10_quick_solver_param,
+                 "alexnet": alexnet_solver_param}
+
+
 def make_solver(net, batch, rank):
+    from perf.bench_train import fill_synthetic_inputs
     from scaffe.solvers import create_solver
-    param = lenet_solver_param(batch) if net == "lenet" else alexnet_solver_param(batch)
+    param = SOLVER_PARAMS[net](batch)
     param.max_iter = 10 ** 9
     del param.test_iter[:]
     param.test_interval = 0
@@ -101,7 +120,10 @@ def make_solver(net, batch, rank):
     param.snapshot_after_train = False
     param.random_seed = 1
     param.solver_mode = param.CPU
-    return create_solver(param, root_solver=rank == 0)
+    solver = create_solver(param, root_solver=rank == 0)
+    if net == "cifar10_quick":
+        fill_synthetic_inputs(solver.net)
+    return solver
 
 
 # ---------------------------------------------------------------- the worker (one job)
@@ -150,7 +172,8 @@ def worker(args):
                     "iter_ms": seconds / args.iterations * 1e3,
                     "compute_ms": statistics.mean(r["compute_us"] for r in per_rank) / args.iterations / 1e3,
                     "comm_ms": statistics.mean(r["communication_us"] for r in per_rank) / args.iterations / 1e3,
-                    "hidden": summary["hidden_fraction"]}), flush=True)
+                    "hidden": summary["hidden_fraction"],
+                    "gradient_bytes": sum(blob.diff.nbytes for blob in solver.net.learnable_params)}), flush=True)
     return 0
 
 
@@ -186,7 +209,7 @@ def medians(results):
     groups = {}
     for r in results:
         groups.setdefault((r["ranks"], r["schedule"]), []).append(r)
-    columns = ("images_per_s", "iter_ms", "compute_ms", "comm_ms", "hidden")
+    columns = ("images_per_s", "iter_ms", "compute_ms", "comm_ms", "hidden", "gradient_bytes")
     return {key: {c: (statistics.median(r[c] for r in rows) if all(r[c] is not None for r in rows) else None)
                   for c in columns}
             for key, rows in groups.items()}
@@ -196,8 +219,10 @@ def print_table(args, table):
     print(f"# scaffe training scaling: {args.net}, batch {args.batch} per rank, {args.iterations} iterations "
           f"after {args.warmup} warm-up, medians of {args.repeats} repeats, {os.cpu_count()} cores here")
     print(f"# launcher: {args.launcher} (--hosts {args.hosts}); 1 rank runs without it")
+    if args.link_rate:
+        print(f"# link: {args.link_rate:g} MB/s one way (--link-rate); wire ms: the gradients' bytes on it")
     print(f"{'# ranks':>7}  {'schedule':<10}{'images/s':>10}{'iter ms':>10}{'compute ms':>12}{'comm ms':>10}"
-          f"{'hidden':>8}{'efficiency':>12}{'vs native':>11}")
+          f"{'hidden':>8}{'efficiency':>12}{'vs native':>11}{'wire ms':>9}{'bound ms':>10}{'x bound':>9}")
     single = table.get((1, "single"))
     order = ("single",) + SCHEDULES
     for (ranks, schedule), m in sorted(table.items(), key=lambda item: (item[0][0], order.index(item[0][1]))):
@@ -206,13 +231,23 @@ def print_table(args, table):
         versus = f"{m['images_per_s'] / native['images_per_s']:.2f}" if native else "-"
         hidden = f"{m['hidden']:.0%}" if m["hidden"] is not None else "-"
         print(f"{ranks:>7}  {schedule:<10}{m['images_per_s']:>10.1f}{m['iter_ms']:>10.2f}{m['compute_ms']:>12.2f}"
-              f"{m['comm_ms']:>10.2f}{hidden:>8}{efficiency:>12}{versus:>11}", flush=True)
+              f"{m['comm_ms']:>10.2f}{hidden:>8}{efficiency:>12}{versus:>11}{_bound_columns(args, ranks, m)}",
+              flush=True)
+
+
+def _bound_columns(args, ranks, m):
+    """wire ms, bound ms (max of compute and wire) and iter ms over the bound; '-' where they do not apply."""
+    if ranks == 1 or not args.link_rate:
+        return f"{'-':>9}{'-':>10}{'-':>9}"
+    wire_ms = m["gradient_bytes"] / (args.link_rate * 1e6) * 1e3
+    bound_ms = max(m["compute_ms"], wire_ms)
+    return f"{wire_ms:>9.1f}{bound_ms:>10.1f}{m['iter_ms'] / bound_ms:>9.2f}"
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m perf.train_scaling", description=__doc__.splitlines()[0])
     p.add_argument("--net", choices=sorted(NETS), default="lenet")
-    p.add_argument("--batch", type=int, default=None, help="images per rank per iteration (lenet 64, alexnet 8)")
+    p.add_argument("--batch", type=int, default=None, help="images per rank per iteration (lenet 64, cifar10_quick 100, alexnet 8)")
     p.add_argument("--ranks", default="1,2,4", help="comma-separated rank counts")
     p.add_argument("--iterations", type=int, default=20, help="timed iterations per run")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (numba compiles then)")
@@ -222,6 +257,9 @@ def main(argv=None):
     p.add_argument("--hosts", type=int, default=1, help="hosts the launcher spreads ranks over ({per_host})")
     p.add_argument("--traces", default="", help="save each run's timeline in this folder "
                                                 "(NET-Pranks-SCHEDULE-REPEAT.json, see scaffe.timeline)")
+    p.add_argument("--link-rate", type=float, default=None,
+                   help="MB/s (10^6 bytes) the link carries one way, from perf.link_rate: adds wire ms, bound ms "
+                        "(max of compute and wire) and x bound")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one job may take")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

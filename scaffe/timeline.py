@@ -17,8 +17,9 @@ in time, not free. On a GPU each timed layer waits for its stream, so that its s
 time, not their launch: recording takes away the overlap of host and device within the compute.
 
 Collectives are named with what they carry, as the schedules label them when they start them
-(`collectives.events.labelled`): the gradients or parameters of which layers. The schedules' small
-messages of stop/snapshot flags carry no label.
+(`collectives.events.labelled`): the gradients or parameters of which layers, and, where a layer
+travels in pieces (scaffe.parallel.pieces), which piece of how many ("Ireduce fc6 [3/36]"). The
+schedules' small messages of stop/snapshot flags carry no label.
 
 `python -m scaffe.timeline FILE.json` prints the summary, where each rank's iterations spend their
 time, and, for each gradient collective, the layers whose backward ran while it was in flight.
@@ -199,7 +200,7 @@ class Timeline(SolverCallback):
         out = []
         lanes = []  # end time of the last collective in each lane
         for name, nbytes, start, end in sorted(self._collectives, key=lambda op: op[2]):
-            carries, layers = name.label if getattr(name, "label", None) else (None, ())
+            carries, layers, piece = _label_parts(getattr(name, "label", None))
             lane = next((k for k, busy_until in enumerate(lanes) if busy_until <= start), len(lanes))
             if lane == len(lanes):
                 lanes.append(end)
@@ -209,6 +210,9 @@ class Timeline(SolverCallback):
             args = {"bytes": nbytes}
             if carries:
                 args.update(carries=carries, layers=[names[i] for i in layers])
+            if piece:
+                title += f" [{piece[0] + 1}/{piece[1]}]"
+                args.update(piece=piece[0], pieces=piece[1])
             out.append(self._event(title, "collective", COLLECTIVES + min(lane, _MAX_LANES - 1), start, end, **args))
         return out, len(lanes)
 
@@ -240,6 +244,14 @@ class Timeline(SolverCallback):
             return
         save(trace, path)
         log.info("Timeline written to %s; %s", path, describe(summarize(trace)))
+
+
+def _label_parts(label):
+    """(carries, layer indices, (piece, pieces) or None) of a collective's label (see the module docstring)."""
+    if not label:
+        return None, (), None
+    carries, layers, *piece = label
+    return carries, layers, piece[0] if piece else None
 
 
 # ---------------------------------------------------------------- analysis of a trace

@@ -1,10 +1,16 @@
 """The allreduce schedule: every rank updates; gradients are fused into buckets and allreduced.
 
 Parameters are broadcast from the root once, at the first iteration, so all ranks start equal and
-stay equal (same summed gradient, same update). During backward, finished gradients are packed into
-the current bucket; a full bucket is allreduced at once (nonblocking) while backward goes on. Few
-large messages beat many small ones: each collective pays a latency, and large ones take the
-shared-memory path. Buckets live in `comm.alloc` memory where the communicator offers it.
+stay equal (same summed gradient, same update). During backward, finished gradients are cut into
+pieces (scaffe.parallel.pieces) and packed into the current bucket; a bucket of SCAFFE_PIECE_BYTES or
+more is allreduced at once (nonblocking) while backward goes on. Few large messages beat many small
+ones: each collective pays a latency, and large ones take the shared-memory path; pieces keep a large
+layer from making one bucket that completes only when all of it has crossed the link. As soon as a
+bucket's sum is in, every rank updates its pieces (sum / P, then the solver's per-blob pipeline on
+those elements alone), so the update of the large layers overlaps the allreduce of the later buckets
+instead of following the last one. The ranks look for arrived buckets after each layer's backward.
+A solver that clips gradients (`clip_gradients`) needs their global norm: it then updates the whole
+model after the last bucket, as a single process does (said once in the log).
 
 Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag per effect, and the
 summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
@@ -17,19 +23,21 @@ last bucket: reading them from a device bucket would make the host wait for the 
 import numpy
 from mpi4py import MPI
 
-
+from scaffe import timeline
 from scaffe.parallel.base import Schedule
+from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
-
-BUCKET_BYTES = 4 << 20
 
 
 class AllreduceSchedule(Schedule):
-    def __init__(self, solver, comm, bucket_bytes=BUCKET_BYTES):
+    def __init__(self, solver, comm):
         super().__init__(solver, comm)
-        self.bucket_bytes = bucket_bytes
-        self._buckets = []       # [(flat buffer, [(pid, start, stop)], request)]
-        self._pending = []       # pids waiting to be packed into the next bucket
+        self.bucket_bytes = piece_bytes()  # also the largest piece of a layer: a large one fills buckets alone
+        self._by_piece = updates_by_piece(solver, self.rank)
+        solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
+        self._buckets = []       # [(flat buffer, [(piece, start, stop)], request)]
+        self._finished = 0       # how many of them are unpacked (and updated)
+        self._pending = []       # pieces waiting to be packed into the next bucket
         self._pending_bytes = 0
         self._pending_layers = []  # the layers whose backward gave them (what the timeline shows)
         self._storage = {}       # bucket index -> flat buffer, grown once and reused
@@ -38,7 +46,7 @@ class AllreduceSchedule(Schedule):
 
     def on_start(self):
         self.passes = 0
-        self._buckets = []
+        self._buckets, self._finished = [], 0
         self._pending, self._pending_bytes, self._pending_layers = [], 0, []
         self._flags = self._flags_request = None
         self.sync_once()
@@ -46,26 +54,27 @@ class AllreduceSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
-        for pid in self.net.grads_ready_at(layer_id):
-            self._pending.append(pid)
-            self._pending_bytes += self.params[pid].diff.nbytes
+        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.bucket_bytes)
+        for k, piece in enumerate(pieces):
+            self._pending.append(piece)
+            self._pending_bytes += piece.diff.nbytes
             self._pending_layers.append(layer_id)
-        final = layer_id == self.final_grads_layer
-        if self._pending_bytes >= self.bucket_bytes or final:
-            self._launch(final)
+            final = layer_id == self.final_grads_layer and k == len(pieces) - 1  # the flags go with it
+            if self._pending_bytes >= self.bucket_bytes or final:
+                self._launch(final)
+        self._finish_arrived(wait=False)
 
     def _launch(self, final=False):
         xp = self.xp
-        dtype = self.params[self._pending[0]].diff.dtype if self._pending else numpy.float32
-        count = sum(self.params[pid].diff.size for pid in self._pending)
+        dtype = self._pending[0].diff.dtype if self._pending else numpy.float32
+        count = sum(piece.diff.size for piece in self._pending)
         flags_inside = final and xp is numpy
         flat = self._bucket_buffer(len(self._buckets), count + (self.flag_count if flags_inside else 0), dtype)
         layout, start = [], 0
-        for pid in self._pending:
-            diff = self.buffer(self.params[pid].diff)
-            flat[start:start + diff.size] = diff
-            layout.append((pid, start, start + diff.size))
-            start += diff.size
+        for piece in self._pending:
+            flat[start:start + piece.diff.size] = piece.diff
+            layout.append((piece, start, start + piece.diff.size))
+            start += piece.diff.size
         if flags_inside:
             self._flags = flat[count:]
             self._flags[:] = self.local_flags()
@@ -91,11 +100,19 @@ class AllreduceSchedule(Schedule):
     def on_gradients_ready(self):
         if self._flags is None:  # a net without gradients still agrees on requests
             self._launch(final=True)
-        self.wait_all([request for _, _, request in self._buckets] + [self._flags_request], "gradients")
+        self._finish_arrived(wait=True)
+        self.wait_all([self._flags_request], "gradients")
         self.agreed = requests_from_flags(self._flags)
-        scale = numpy.float32(1.0 / self.size)
-        for flat, layout, _ in self._buckets:
-            for pid, start, stop in layout:
-                diff = self.buffer(self.params[pid].diff)
-                self.xp.multiply(flat[start:stop], scale, out=diff)
         self._buckets = []
+
+    def _finish_arrived(self, wait):
+        """Unpack, in launch order, the buckets whose sums have arrived (all, with `wait`): sum / P into the
+        gradients, then, piece by piece, the solver's update of those elements."""
+        scale = numpy.float32(1.0 / self.size)
+        for flat, layout, _ in self.arrived(self._buckets, self._finished, wait):
+            self._finished += 1
+            with timeline.updating():
+                for piece, start, stop in layout:
+                    self.xp.multiply(flat[start:stop], scale, out=piece.diff)
+                    if self._by_piece:
+                        self.solver.update_elements(piece.segments, self.solver.get_learning_rate())

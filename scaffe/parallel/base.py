@@ -4,6 +4,7 @@ from mpi4py import MPI
 
 from collectives import events
 from scaffe import timeline
+from scaffe.parallel.pieces import layer_pieces
 from scaffe.parallel.streams import order_for, requests_of
 from scaffe.solvers.callbacks import SolverCallback
 from scaffe.solvers.signals import EFFECTS, request_flags
@@ -59,23 +60,11 @@ class Schedule(SolverCallback):
         return self.agreed
 
     def parameters_by_layer(self):
-        """(layer index, learnable ids, flat data) of every learnable blob, in the forward order of their
-        first use (see `layer_parts`)."""
+        """(layer index, flat data) of every learnable blob, in the forward order of their first use: one
+        array per blob, or, where the solver keeps flat buffers, one slice per layer (one message each)."""
         for layer_id in range(len(self.net.layers)):
-            for pids, data in self.layer_parts(self.net.params_needed_at(layer_id), "data"):
-                yield layer_id, pids, data
-
-    def layer_parts(self, pids, which):
-        """(learnable ids, flat array) pairs holding `which` ("data" or "diff") of one layer's learnable
-        blobs `pids`: one pair per blob, or, where the solver keeps them in flat buffers, one slice for
-        all of them (one message per layer)."""
-        flat = self.solver.flat
-        if flat is None:
-            return [((pid,), self.buffer(getattr(self.params[pid], which))) for pid in pids]
-        if not pids:
-            return []
-        start, stop = flat.span(pids)
-        return [(tuple(pids), getattr(flat, which)[start:stop])]
+            for piece in layer_pieces(self.solver, self.net.params_needed_at(layer_id)):
+                yield layer_id, piece.data
 
     def on_test_start(self):
         self.sync_once()  # a test before the first iteration needs the root's parameters too
@@ -87,9 +76,19 @@ class Schedule(SolverCallback):
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters (blocking)."""
-        for layer_id, _, data in self.parameters_by_layer():
+        for layer_id, data in self.parameters_by_layer():
             with events.labelled(("parameters", (layer_id,))):
                 self.comm.Bcast(data, root=self.root)
+
+    def arrived(self, entries, first, wait):
+        """`entries[first:]` (each ending with its request) in order while their requests have completed,
+        the first still in flight ends it; with `wait`, all of them, waiting for each in turn."""
+        for entry in entries[first:]:
+            if wait:
+                self.wait_all([entry[-1]], "gradients")
+            elif not entry[-1].Test():
+                return
+            yield entry
 
     @staticmethod
     def wait_all(requests, what, layer_id=None):

@@ -32,7 +32,7 @@ class NativeSchedule(Schedule):
 
     def broadcast_parameters(self):
         """Every rank takes the root's parameters, by MPI's own Bcast."""
-        for layer_id, _, data in self.parameters_by_layer():
+        for layer_id, data in self.parameters_by_layer():
             with events.labelled(("parameters", (layer_id,))):
                 events.reported(events.with_label(self.names["Bcast"]), data.nbytes, self.native.Bcast, data, self.root)
 

@@ -1,25 +1,28 @@
-"""S-Caffe's schedule: gradients flow to the root layer by layer, new parameters flow back layer by layer.
+"""S-Caffe's schedule: gradients flow to the root in pieces, layer by layer; new parameters flow back the same way.
 
 Per iteration:
-- backward: as soon as layer i's gradients are complete, their Ireduce to the root starts, while
+- backward: as soon as layer i's gradients are complete, they are cut into pieces of at most
+  SCAFFE_PIECE_BYTES (scaffe.parallel.pieces) and each piece's Ireduce to the root starts, while
   layer i-1 computes its backward (the collectives run on their own progress thread). The root
-  applies Caffe's update to layer i as soon as its reduce has arrived (sum / P, then the solver's
-  per-blob pipeline) and broadcasts layer i's new parameters at once, on a second communicator, so
-  that the broadcast moves the other way on the links while the reduces of the layers below go on.
-  The other ranks post the matching Ibcast right after their Ireduce of layer i.
+  applies Caffe's update to a piece as soon as its sum has arrived (sum / P, then the solver's
+  per-blob pipeline on those elements alone) and broadcasts the piece's new parameters at once, on a
+  second communicator, so that they move the other way on the links while the later pieces and the
+  layers below still reduce: a large layer's reduce, update and propagation overlap each other
+  instead of following each other whole. The other ranks post the matching Ibcasts right after
+  their Ireduces of layer i. The root looks for arrived sums after each layer's backward.
 - on_gradients_ready: the root updates and broadcasts what is left; every rank waits for its
   reduces and broadcasts, so each iteration ends with the same parameters everywhere.
 - The first iteration's parameters come from the root by one Ibcast per layer in forward order,
   and layer i's forward waits only for layer i's.
 
 A solver that clips gradients (`clip_gradients`) needs their global norm: the root then updates
-every layer once all reduces are in, and broadcasts after it. Either way each blob sees exactly the
+every piece once all reduces are in, and broadcasts each after its update (said once in the log).
+Either way each blob sees exactly the
 operations of the single-process update, so with P ranks of batch B this computes the step of one
 rank with batch P*B on the same samples: each rank's loss is normalised by its own B, so the mean of
 the P gradients is the gradient of the P*B batch.
 
-On a GPU a layer's blobs travel as one slice of the solver's flat buffers, the root's update of a
-layer is one kernel, and every collective starts after an event on the compute stream (after the
+On a GPU a piece is a slice of the solver's flat buffers, the root's update of a piece is one kernel, and every collective starts after an event on the compute stream (after the
 layer's backward, or after the root's update of it): scaffe.parallel.streams. The next iteration's
 layer i forward waits on the device for the event that marks layer i's parameters.
 
@@ -33,6 +36,7 @@ from mpi4py import MPI
 
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
+from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
 
 
@@ -40,10 +44,11 @@ class SCaffeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
         self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
-        self._per_layer = solver.param.clip_gradients < 0  # clipping needs every gradient first
+        self.piece_bytes = piece_bytes()
+        self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first
         self._bcasts = {}      # layer index -> requests, for the first forward only
         self._propagating = []  # (layer index, request) of this iteration's parameter broadcasts
-        self._reduces = []     # (learnable ids, layer index, request) of this iteration's gradient reduces
+        self._reduces = []     # (piece, layer index, request) of this iteration's gradient reduces
         self._updated = 0      # how many of them the root has updated and broadcast
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
@@ -57,7 +62,7 @@ class SCaffeSchedule(Schedule):
         if self.synced:
             return
         ready = self.order.mark()  # the root's initial parameters, as the compute stream left them
-        for layer_id, _, data in self.parameters_by_layer():
+        for layer_id, data in self.parameters_by_layer():
             self._bcasts.setdefault(layer_id, []).append(self.order.start(
                 lambda data=data: self.propagation.Ibcast(data, root=self.root), after=ready,
                 label=("parameters", (layer_id,))))
@@ -73,18 +78,19 @@ class SCaffeSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
-        pids = self.net.grads_ready_at(layer_id)
-        computed = self.order.mark() if pids else None  # layer_id's gradients, and its parameters are free
-        for part_pids, diff in self.layer_parts(pids, "diff"):
+        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes)
+        computed = self.order.mark() if pieces else None  # layer_id's gradients, and its parameters are free
+        for piece in pieces:
             if self.rank == self.root:
-                work = lambda diff=diff: self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)  # noqa: E731
+                work = lambda diff=piece.diff: self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)  # noqa: E731
             else:
-                work = lambda diff=diff: self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)  # noqa: E731
-            request = self.order.start(work, after=computed, label=("gradients", (layer_id,)))
-            self._reduces.append((part_pids, layer_id, request))
+                work = lambda diff=piece.diff: self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)  # noqa: E731
+            request = self.order.start(work, after=computed, label=piece.label("gradients", layer_id))
+            self._reduces.append((piece, layer_id, request))
         if self.rank != self.root:
-            self._propagate(layer_id, pids, computed)
-        elif self._per_layer:
+            for piece in pieces:
+                self._propagate(layer_id, piece, computed)
+        elif self._per_piece:
             self._update_arrived(wait=False)
         if layer_id == self.final_grads_layer:
             self._gather_requests()
@@ -96,9 +102,9 @@ class SCaffeSchedule(Schedule):
                       "parameters")  # parameters no forward asked for
         self._bcasts = {}
         if self.rank == self.root:
-            if not self._per_layer:
+            if not self._per_piece:
                 self.wait_all([request for _, _, request in self._reduces], "gradients")
-                self._average([pid for pids, _, _ in self._reduces for pid in pids])
+                self._average([piece for piece, _, _ in self._reduces])
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
             self._update_arrived(wait=True)
@@ -110,34 +116,28 @@ class SCaffeSchedule(Schedule):
                 self.order.parameters_arrived(layer_id)
         self.agreed = requests_from_flags(self._flags_down)
 
-    # ------------------------------------------------------------ the root's update, layer by layer
+    # ------------------------------------------------------------ the root's update, piece by piece
 
     def _update_arrived(self, wait):
-        """Update and broadcast, in reduce order, the blobs whose sums have arrived (all, with `wait`)."""
-        while self._updated < len(self._reduces):
-            pids, layer_id, request = self._reduces[self._updated]
-            if wait:
-                self.wait_all([request], "gradients")
-            elif not request.Test():
-                return
+        """Update and broadcast, in reduce order, the pieces whose sums have arrived (all, with `wait`)."""
+        for piece, layer_id, _ in self.arrived(self._reduces, self._updated, wait):
             self._updated += 1
             with timeline.updating():
                 # Averaged here, or all at once before clipping.
-                self.solver.update_params(pids, self.solver.get_learning_rate(),
-                                          1.0 / self.size if self._per_layer else 1.0)
-            self._propagate(layer_id, pids, self.order.mark())
+                self.solver.update_elements(piece.segments, self.solver.get_learning_rate(),
+                                            1.0 / self.size if self._per_piece else 1.0)
+            self._propagate(layer_id, piece, self.order.mark())
 
-    def _average(self, pids):
+    def _average(self, pieces):
         scale = numpy.float32(1.0 / self.size)
-        for pid in pids:
-            self.params[pid].diff *= scale
+        for piece in pieces:
+            piece.diff *= scale
 
-    def _propagate(self, layer_id, pids, after):
-        """Broadcast the parameters of `pids` (of layer `layer_id`) once event `after` has completed."""
-        for _, data in self.layer_parts(pids, "data"):
-            request = self.order.start(lambda data=data: self.propagation.Ibcast(data, root=self.root), after=after,
-                                       label=("parameters", (layer_id,)))
-            self._propagating.append((layer_id, request))
+    def _propagate(self, layer_id, piece, after):
+        """Broadcast the parameters of `piece` (of layer `layer_id`) once event `after` has completed."""
+        request = self.order.start(lambda: self.propagation.Ibcast(piece.data, root=self.root), after=after,
+                                   label=piece.label("parameters", layer_id))
+        self._propagating.append((layer_id, request))
 
     # ------------------------------------------------------------ stop/snapshot requests
 

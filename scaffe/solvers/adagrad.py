@@ -2,7 +2,7 @@
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.sgd import SGDSolver
+from scaffe.solvers.sgd import ALL, SGDSolver
 from scaffe.solvers.solver import SolverError
 
 
@@ -22,12 +22,12 @@ class AdaGradSolver(SGDSolver):
         if param.momentum != 0:
             raise SolverError(f"AdaGrad does not use momentum (got momentum {param.momentum:g}); leave it out")
 
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        history = self.history[param_id]
-        self.accumulate(history, blob.diff)
+    def compute_update_value(self, param_id, rate, part=ALL):
+        diff = self.diff_of(param_id, part)
+        [history] = self.histories(param_id, part)
+        self.accumulate(history, diff)
         rate = self.local_rate(param_id, rate)
-        blob.diff[...] = rate * (blob.diff / (blob.xp.sqrt(history) + numpy.float32(self.param.delta)))
+        diff[...] = rate * (diff / (self.net.xp.sqrt(history) + numpy.float32(self.param.delta)))
 
     def accumulate(self, history, grad):
         """Folds the squared gradient into the history: AdaGrad sums them all."""

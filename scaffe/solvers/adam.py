@@ -9,7 +9,7 @@ import math
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.sgd import SGDSolver
+from scaffe.solvers.sgd import ALL, SGDSolver
 
 
 @register
@@ -27,16 +27,16 @@ class AdamSolver(SGDSolver):
         return numpy.float32(math.sqrt(1.0 - float(numpy.float32(self.param.momentum2)) ** t)
                              / (1.0 - float(numpy.float32(self.param.momentum)) ** t))
 
-    def compute_update_value(self, param_id, rate):
+    def compute_update_value(self, param_id, rate, part=ALL):
         beta1 = numpy.float32(self.param.momentum)
         beta2 = numpy.float32(self.param.momentum2)
         one = numpy.float32(1)
         correction = self.bias_correction()
-        blob = self.net.learnable_params[param_id]
-        m, v = self.histories(param_id)
-        xp = blob.xp
+        diff = self.diff_of(param_id, part)
+        m, v = self.histories(param_id, part)
+        xp = self.net.xp
         m *= beta1
-        m += (one - beta1) * blob.diff
+        m += (one - beta1) * diff
         v *= beta2
-        v += (one - beta2) * (blob.diff * blob.diff)
-        blob.diff[...] = (self.local_rate(param_id, rate) * correction) * (m / (xp.sqrt(v) + numpy.float32(self.param.delta)))
+        v += (one - beta2) * (diff * diff)
+        diff[...] = (self.local_rate(param_id, rate) * correction) * (m / (xp.sqrt(v) + numpy.float32(self.param.delta)))

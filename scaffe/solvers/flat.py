@@ -45,3 +45,11 @@ class FlatParams:
         if last - first + 1 != len(set(param_ids)):
             raise ValueError(f"learnable blobs {sorted(param_ids)} are not consecutive in the flat buffer")
         return self.bounds[first], self.bounds[last + 1]
+
+    def elements(self, segments):
+        """(start, stop) in the flat buffers of `segments`, (param_id, start, stop) element ranges of learnable
+        blobs, which must follow each other there (a schedule's piece of a layer)."""
+        spans = [(self.bounds[param_id] + start, self.bounds[param_id] + stop) for param_id, start, stop in segments]
+        if any(end != start for (_, end), (start, _) in zip(spans, spans[1:])):
+            raise ValueError(f"element ranges {list(segments)} do not follow each other in the flat buffer")
+        return spans[0][0], spans[-1][1]

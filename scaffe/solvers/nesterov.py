@@ -2,7 +2,7 @@
 import numpy
 
 from scaffe.solvers import register
-from scaffe.solvers.sgd import SGDSolver
+from scaffe.solvers.sgd import ALL, SGDSolver
 
 
 @register
@@ -10,12 +10,12 @@ class NesterovSolver(SGDSolver):
     type = "Nesterov"
     update_kernel = "scaffe_nesterov_update"  # kernels/cuda_sources.py
 
-    def compute_update_value(self, param_id, rate):
-        blob = self.net.learnable_params[param_id]
-        history = self.history[param_id]
+    def compute_update_value(self, param_id, rate, part=ALL):
+        diff = self.diff_of(param_id, part)
+        [history] = self.histories(param_id, part)
         momentum = numpy.float32(self.param.momentum)
         previous = history.copy()
         history *= momentum
-        history += self.local_rate(param_id, rate) * blob.diff
+        history += self.local_rate(param_id, rate) * diff
         # Step back by the old momentum, then over-step along the new one.
-        blob.diff[...] = (numpy.float32(1) + momentum) * history - momentum * previous
+        diff[...] = (numpy.float32(1) + momentum) * history - momentum * previous

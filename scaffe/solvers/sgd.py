@@ -26,6 +26,13 @@ from scaffe.solvers.solver import Solver, SolverError
 
 log = get_logger(__name__)
 
+ALL = slice(None)  # every element of a blob: the `part` of a whole-blob step
+
+
+def _flat_part(array, part):
+    """Elements `part` (a slice) of blob-shaped `array` as a flat view: in-place updates write through."""
+    return array.reshape(-1)[part]
+
 
 @register
 class SGDSolver(Solver):
@@ -68,25 +75,30 @@ class SGDSolver(Solver):
             return
         self.clip_gradients()
         if self.flat is not None:
-            self.update_params(range(len(self.net.learnable_params)), rate)
+            self.update_elements([(param_id, 0, blob.count) for param_id, blob in enumerate(self.net.learnable_params)],
+                                 rate)
             return
         for param_id in range(len(self.net.learnable_params)):
             self.compute_step(param_id, rate)
         self.net.update()
 
-    def update_params(self, param_ids, rate, grad_scale=1.0):
-        """Learnable blobs `param_ids` (consecutive): gradients times `grad_scale` (a schedule's 1/P),
-        then the per-blob pipeline and data -= diff. One kernel over the flat buffers on a GPU."""
+    def update_elements(self, segments, rate, grad_scale=1.0):
+        """Elements start:stop of learnable blob param_id, for each (param_id, start, stop) of `segments`
+        (a schedule's piece of a layer): gradients times `grad_scale` (a schedule's 1/P), then the per-blob
+        pipeline on those elements alone and data -= diff. On a GPU the segments must follow each other in
+        the flat buffers: one kernel over their span."""
         if self.flat is None:
-            for param_id in param_ids:
-                blob = self.net.learnable_params[param_id]
+            for param_id, start, stop in segments:
+                part = slice(start, stop)
+                diff = self.diff_of(param_id, part)
                 if grad_scale != 1.0:
-                    blob.diff *= numpy.float32(grad_scale)
-                self.compute_step(param_id, rate)
-                blob.data -= blob.diff
+                    diff *= numpy.float32(grad_scale)
+                self.compute_step(param_id, rate, part)
+                data = self.data_of(param_id, part)
+                data -= diff
             return
         scale = numpy.float32(grad_scale) * numpy.float32(1.0 / self.param.iter_size)
-        fused_step(self.update_kernel, self.flat, self.flat.span(param_ids), rate, scale, self.param.weight_decay,
+        fused_step(self.update_kernel, self.flat, self.flat.elements(segments), rate, scale, self.param.weight_decay,
                    self._l1_regularization(), self.fused_scalars(rate))
 
     def clear_param_diffs(self):
@@ -101,11 +113,21 @@ class SGDSolver(Solver):
             raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
         return kind == "L1"
 
-    def compute_step(self, param_id, rate):
-        """The per-blob part of ApplyUpdate: leaves in blob `param_id`'s diff what to subtract."""
-        self.normalize(param_id)
-        self.regularize(param_id)
-        self.compute_update_value(param_id, rate)
+    def compute_step(self, param_id, rate, part=ALL):
+        """The per-blob part of ApplyUpdate: leaves in blob `param_id`'s diff (its elements `part`, a slice
+        of the flattened blob) what to subtract. Every step is elementwise, so a part is updated as the
+        whole blob would update it."""
+        self.normalize(param_id, part)
+        self.regularize(param_id, part)
+        self.compute_update_value(param_id, rate, part)
+
+    def diff_of(self, param_id, part=ALL):
+        """Learnable blob `param_id`'s gradient, elements `part`, as a flat view."""
+        return _flat_part(self.net.learnable_params[param_id].diff, part)
+
+    def data_of(self, param_id, part=ALL):
+        """Learnable blob `param_id`'s parameters, elements `part`, as a flat view."""
+        return _flat_part(self.net.learnable_params[param_id].data, part)
 
     def clip_gradients(self):
         clip = float(numpy.float32(self.param.clip_gradients))
@@ -140,38 +162,40 @@ class SGDSolver(Solver):
         log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
                  fmt(numpy.float32(l2norm)), fmt(clip), fmt(scale))
 
-    def normalize(self, param_id):
+    def normalize(self, param_id, part=ALL):
         if self.param.iter_size != 1:
-            self.net.learnable_params[param_id].diff *= numpy.float32(1.0 / self.param.iter_size)
+            diff = self.diff_of(param_id, part)
+            diff *= numpy.float32(1.0 / self.param.iter_size)
 
-    def regularize(self, param_id):
-        blob = self.net.learnable_params[param_id]
+    def regularize(self, param_id, part=ALL):
         local_decay = numpy.float32(self.param.weight_decay) * numpy.float32(self.net.params_weight_decay[param_id])
         if not local_decay:
             return
         kind = self.param.regularization_type
+        diff, data = self.diff_of(param_id, part), self.data_of(param_id, part)
         if kind == "L2":
-            blob.diff += local_decay * blob.data
+            diff += local_decay * data
         elif kind == "L1":
-            blob.diff += local_decay * blob.xp.sign(blob.data)
+            diff += local_decay * self.net.xp.sign(data)
         else:
             raise SolverError(f"{self._where()}unknown regularization_type {kind!r}; use L2 or L1")
 
-    def histories(self, param_id):
-        """Blob `param_id`'s history blobs, one from each set (the solverstate holds set after set)."""
+    def histories(self, param_id, part=ALL):
+        """Blob `param_id`'s history blobs, one from each set (the solverstate holds set after set), elements
+        `part` of each as a flat view."""
         n = len(self.net.learnable_params)
-        return [self.history[k * n + param_id] for k in range(self.history_sets)]
+        return [_flat_part(self.history[k * n + param_id], part) for k in range(self.history_sets)]
 
     def local_rate(self, param_id, rate):
         return numpy.float32(rate) * numpy.float32(self.net.params_lr[param_id])
 
-    def compute_update_value(self, param_id, rate):
-        """Turns blob `param_id`'s gradient (in diff) into the step to subtract (left in diff)."""
-        blob = self.net.learnable_params[param_id]
-        history = self.history[param_id]
+    def compute_update_value(self, param_id, rate, part=ALL):
+        """Turns blob `param_id`'s gradient (in diff), elements `part`, into the step to subtract (left in diff)."""
+        diff = self.diff_of(param_id, part)
+        [history] = self.histories(param_id, part)
         history *= numpy.float32(self.param.momentum)
-        history += self.local_rate(param_id, rate) * blob.diff
-        blob.diff[...] = history
+        history += self.local_rate(param_id, rate) * diff
+        diff[...] = history
 
     # ------------------------------------------------------------ the history in the solverstate
 

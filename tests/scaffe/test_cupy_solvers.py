@@ -6,8 +6,10 @@ import pytest
 
 from scaffe import io as sio
 from scaffe.io import to_host
+from scaffe.parallel.pieces import layer_pieces
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import create_solver
+from scaffe.solvers.callbacks import SolverCallback
 from test_solvers import TINY, _solver_param
 
 # Softmax on top so the label path (checks kept on the device) is in every step.
@@ -93,3 +95,37 @@ def test_a_bad_label_on_the_device_is_raised_when_the_loss_is_fetched(cupy_stand
     with pytest.raises(ValueError, match=r"layer 'loss': label 7 is outside 0\.\.2"):
         solver.step(2)
     assert solver.iter == 1  # the first iteration fetched nothing, the second found it
+
+
+class _PieceByPiece(SolverCallback):
+    """Updates the net in pieces of 3 elements, layer after layer from the top, as the scaffe schedule's
+    root does (scaffe.parallel.scaffe_schedule), in place of the solver's whole update."""
+
+    def __init__(self, solver):
+        self.solver = solver
+        solver.applies_update = False
+        solver.callbacks.append(self)
+
+    def on_gradients_ready(self):
+        solver = self.solver
+        rate = solver.get_learning_rate()
+        for layer_id in reversed(range(len(solver.net.layers))):
+            for piece in layer_pieces(solver, solver.net.grads_ready_at(layer_id), 3 * 4):
+                solver.update_elements(piece.segments, rate)
+
+
+@pytest.mark.parametrize("device", [False, True], ids=["numpy", "device"])
+@pytest.mark.parametrize("solver_type,fields", [s for s in SOLVERS if "clip_gradients" not in s[1]],
+                         ids=[i for i, s in zip(IDS, SOLVERS) if "clip_gradients" not in s[1]])
+def test_update_in_pieces_equals_the_whole_update(cupy_stand_in, tmp_path, device, solver_type, fields):
+    """Pieces of 3 elements (across a weight's end and its bias on the device's flat buffers) updated one
+    by one give the whole update's weights: history, lr_mult, decay_mult and iter_size included."""
+    xp = cupy_stand_in if device else numpy
+    whole = solver_on(xp, solver_type, fields, tmp_path)
+    whole.step(4)
+    pieces = solver_on(xp, solver_type, fields, tmp_path)
+    _PieceByPiece(pieces)
+    assert any(len(layer_pieces(pieces, pieces.net.grads_ready_at(i), 12)) > 2 for i in range(len(pieces.net.layers)))
+    pieces.step(4)
+    for got, want in zip(weights(pieces), weights(whole)):
+        numpy.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

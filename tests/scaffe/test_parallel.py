@@ -18,8 +18,8 @@ def mnist():
     ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
 
 
-def _run(ranks, args, timeout=240):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+def _run(ranks, args, timeout=240, env=None):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **(env or {}))
     cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable] + args
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
                           start_new_session=True)
@@ -27,24 +27,49 @@ def _run(ranks, args, timeout=240):
     return done
 
 
-# The scaffe schedule's root updates each layer as its sum arrives: with a history-keeping solver, and
-# with clipping, which needs every gradient first.
-@pytest.mark.parametrize("schedule, settings", [("scaffe", []), ("allreduce", []), ("native", []),
-                                                ("scaffe", ["type=Adam", "base_lr=0.001"]),
-                                                ("scaffe", ["clip_gradients=0.5"])])
-def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path, schedule, settings):
+# Each case: a schedule and the solver's settings (the LeNet solver's SGD with momentum, weight decay and
+# lr_mult 2 on the biases when none). The scaffe schedule's root, and every rank of the allreduce schedule,
+# update each piece of a layer as its sum arrives: with every solver type (history included), and with
+# clipping, which needs every gradient first.
+CASES = [("scaffe", []), ("allreduce", []), ("native", []),
+         ("scaffe", ["type=Nesterov"]),
+         ("scaffe", ["type=AdaGrad", "momentum=0", "delta=0.0001"]),
+         ("scaffe", ["type=RMSProp", "momentum=0", "rms_decay=0.98", "base_lr=0.001", "delta=0.0001"]),
+         ("scaffe", ["type=AdaDelta", "momentum=0.95", "delta=0.000001", "base_lr=1"]),
+         ("scaffe", ["type=Adam", "base_lr=0.001", "momentum2=0.999"]),
+         ("scaffe", ["clip_gradients=0.5"]),
+         ("allreduce", ["type=Adam", "base_lr=0.001", "momentum2=0.999"]),
+         ("allreduce", ["type=AdaDelta", "momentum=0.95", "delta=0.000001", "base_lr=1"]),
+         ("allreduce", ["clip_gradients=0.5"])]
+# Pieces (and allreduce buckets) of 60000 bytes: ip1's weights travel in 27 pieces, conv2's in 2, and no piece
+# ends on a blob's end.
+PIECE_BYTES = "60000"
+
+
+def _case_args(cases):
+    args = []
+    for k, (schedule, settings) in enumerate(cases):
+        args += (["+"] if k else []) + [schedule] + settings
+    return args
+
+
+def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path):
+    """Every case in one job of 1 rank with batch P*B and one of P ranks with batch B, pieces on."""
     iterations, ranks, batch = 4, 2, 32
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
-    _run(1, [str(WORKER), schedule, str(iterations), str(ranks * batch), str(single), *settings])
-    _run(ranks, [str(WORKER), schedule, str(iterations), str(batch), str(multi), *settings])
-    a, b = numpy.load(single), numpy.load(multi)
-    assert a.files == b.files
-    for name in a.files:
-        scale = max(1.0, float(numpy.abs(a[name]).max()))
-        numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale)
-    # The run moved the weights: equality is not the trivial one of two untouched nets.
-    first = numpy.load(single)
-    assert any(numpy.abs(first[n]).sum() > 0 for n in first.files)
+    cases = _case_args(CASES)
+    _run(1, [str(WORKER), cases[0], str(iterations), str(ranks * batch), str(single), *cases[1:]])
+    _run(ranks, [str(WORKER), cases[0], str(iterations), str(batch), str(multi), *cases[1:]],
+         env={"SCAFFE_PIECE_BYTES": PIECE_BYTES})
+    for k, case in enumerate(CASES):
+        suffix = f".{k}.npz" if k else ".npz"
+        a, b = (numpy.load(str(path).replace(".npz", suffix)) for path in (single, multi))
+        assert a.files == b.files
+        for name in a.files:
+            scale = max(1.0, float(numpy.abs(a[name]).max()))
+            numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{case} {name}")
+        # The run moved the weights: equality is not the trivial one of two untouched nets.
+        assert any(numpy.abs(a[n]).sum() > 0 for n in a.files)
 
 
 def test_mpiexec_scaffe_train_lenet(mnist, tmp_path):

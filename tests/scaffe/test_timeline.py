@@ -36,8 +36,8 @@ def _solver(tmp_path):
     return path
 
 
-def _train(tmp_path, ranks, *flags, timeout=300):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+def _train(tmp_path, ranks, *flags, timeout=300, env=None):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **(env or {}))
     command = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [
         sys.executable, "-m", "scaffe", "train", f"--solver={_solver(tmp_path)}", *flags]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
@@ -163,25 +163,36 @@ def test_layers_read_no_clock_unless_a_timeline_listens(monkeypatch):
 
 
 
-def test_scaffe_schedule_reduces_each_layer_while_lower_layers_run_backward(mnist, tmp_path):
-    """Every gradient Ireduce is named by its layer and starts after that layer's backward, so the
-    backward it overlaps can only be of layers below it; parameters come by Ibcast, layer by layer."""
-    log = _train(tmp_path, 2, "--schedule=scaffe", f"--timeline={tmp_path / 't.json'}")
+# LeNet's blobs in pieces of 60000 bytes (scaffe.parallel.pieces): weights, then bias, of each layer.
+PIECES = {"ip2": 1 + 1, "ip1": 27 + 1, "conv2": 2 + 1, "conv1": 1 + 1}
+
+
+def _pieces(op, layers):
+    return [f"{op} {layer} [{k}/{PIECES[layer]}]" for layer in layers for k in range(1, PIECES[layer] + 1)]
+
+
+def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnist, tmp_path):
+    """Every gradient Ireduce is named by its layer and piece and starts after that layer's backward, so the
+    backward it overlaps can only be of layers below it; some do overlap one; parameters come by Ibcast,
+    layer by layer for the first forward, then piece by piece as the root updates them."""
+    log = _train(tmp_path, 2, "--schedule=scaffe", f"--timeline={tmp_path / 't.json'}",
+                 env={"SCAFFE_PIECE_BYTES": "60000"})
     assert re.search(r"Timeline written to .*; communication [\d.]+ ms over all ranks, [\d.]+% hidden behind "
                      r"compute \(rank 0 [\d.]+%, rank 1 [\d.]+%\)", log)
     trace = timeline.load(tmp_path / "t.json")
     index = {name: i for i, name in enumerate(LENET_TRAIN)}
+    backward_order = ("ip2", "ip1", "conv2", "conv1")
     for rank in (0, 1):
         events = _complete(trace, rank)
         collectives = [e for e in events if e["cat"] == "collective"]
         reduces = [e for e in collectives if e["args"].get("carries") == "gradients"]
-        assert [e["name"] for e in reduces] == [f"Ireduce {layer}" for layer in ("ip2", "ip1", "conv2", "conv1")
-                                                for _ in range(2)] * 3
-        # The first forward's parameters in forward order, then each iteration's new ones as the root's
-        # update of each layer arrives, in backward order.
+        assert [e["name"] for e in reduces] == _pieces("Ireduce", backward_order) * 3
+        assert all(e["args"]["bytes"] <= 60000 for e in reduces)
+        # The first forward's parameters in forward order, a layer's blobs whole, then each iteration's new
+        # ones piece by piece as the root's update of each piece arrives, in backward order.
         assert [e["name"] for e in collectives if e["args"].get("carries") == "parameters"] == [
-            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] + [
-            f"Ibcast {layer}" for layer in ("ip2", "ip1", "conv2", "conv1") for _ in range(2)] * 3
+            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] + _pieces(
+            "Ibcast", backward_order) * 3
         # What else went is the ranks' stop/snapshot flags: a few bytes each iteration.
         assert all(e["args"]["bytes"] < 64 for e in collectives if "carries" not in e["args"])
         for lane in {e["tid"] for e in collectives}:  # a lane's slices follow each other, as Perfetto needs
@@ -194,6 +205,10 @@ def test_scaffe_schedule_reduces_each_layer_while_lower_layers_run_backward(mnis
             assert own and own[-1]["ts"] + own[-1]["dur"] <= reduce["ts"] + 1e-3
         assert {e["name"] for e in events if e["cat"] == "wait" and "parameters" in e["name"]} <= {
             f"wait parameters ({layer})" for layer in ("conv1", "conv2", "ip1", "ip2")} | {"wait parameters"}
-    for row in timeline.gradient_overlap(trace):
+    rows = timeline.gradient_overlap(trace)
+    for row in rows:
         layer = row["collective"].split()[1]
         assert row["count"] == 3 and all(index[other] < index[layer] for other in row["backward_us"])
+    # The point of the schedule: on every rank some gradients were in flight during a lower layer's backward.
+    for rank in (0, 1):
+        assert any(row["backward_us"] for row in rows if row["rank"] == rank), timeline.report(trace)

@@ -20,23 +20,30 @@ def _perf(module, *args, timeout=300):
 
 def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
     done = _perf("train_scaling", "--ranks", "1,2", "--iterations", "2", "--warmup", "1", "--repeats", "1",
-                 "--traces", str(tmp_path))
+                 "--traces", str(tmp_path), "--link-rate", "100")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("# scaffe training scaling: lenet, batch 64 per rank, 2 iterations")
-    assert lines[2].split() == ["#", "ranks", "schedule", "images/s", "iter", "ms", "compute", "ms", "comm", "ms",
-                                "hidden", "efficiency", "vs", "native"]
-    rows = {(int(r[0]), r[1]): r[2:] for r in (line.split() for line in lines[3:])}
+    assert lines[2] == "# link: 100 MB/s one way (--link-rate); wire ms: the gradients' bytes on it"
+    assert lines[3].split() == ["#", "ranks", "schedule", "images/s", "iter", "ms", "compute", "ms", "comm", "ms",
+                                "hidden", "efficiency", "vs", "native", "wire", "ms", "bound", "ms", "x", "bound"]
+    rows = {(int(r[0]), r[1]): r[2:] for r in (line.split() for line in lines[4:])}
     assert list(rows) == [(1, "single"), (2, "scaffe"), (2, "allreduce"), (2, "native")]
-    for (ranks, schedule), (images, iter_ms, compute, comm, hidden, efficiency, versus) in rows.items():
+    for (ranks, schedule), (images, iter_ms, compute, comm, hidden, efficiency, versus, *bound) in rows.items():
         images, iter_ms, compute, comm = float(images), float(iter_ms), float(compute), float(comm)
         # images/s and ms per iteration describe the same run: 64 images per rank per iteration.
         assert images * iter_ms / 1e3 == pytest.approx(64 * ranks, rel=0.01)
         assert 0 < compute <= iter_ms * 1.01
         assert float(efficiency) == pytest.approx(images / (ranks * float(rows[(1, "single")][0])), abs=0.01)
         if ranks == 1:
-            assert comm == 0 and hidden == "-" and versus == "-"
+            assert comm == 0 and hidden == "-" and versus == "-" and bound == ["-"] * 3
         else:
+            # LeNet's 431080 float32 parameters on a link of 100 MB/s: 17.2 ms; the bound is the larger of it
+            # and compute, and the last column the iteration over the bound.
+            wire_ms, bound_ms, times = map(float, bound)
+            assert wire_ms == pytest.approx(17.2, abs=0.05)
+            assert bound_ms == pytest.approx(max(compute, wire_ms), abs=0.06)
+            assert times == pytest.approx(iter_ms / bound_ms, abs=0.01 + 0.06 * iter_ms / bound_ms ** 2)
             assert comm > 0 and 0 <= float(hidden.rstrip("%")) <= 100
             assert float(versus) == pytest.approx(images / float(rows[(2, "native")][0]), abs=0.01)
     # The baseline communicates after backward only: measured, and none of it hidden.
@@ -62,6 +69,19 @@ def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
     assert data.type == "DummyData" and list(data.top) == ["data", "label"]
     assert [list(s.dim) for s in data.dummy_data_param.shape] == [[8, 3, 227, 227], [8]]
     assert loss.type == "SoftmaxWithLoss" and list(loss.bottom) == ["fc8", "label"]
+
+
+def test_train_scaling_cifar10_quick_trains_on_random_images():
+    import numpy
+    from perf.train_scaling import make_solver
+    solver = make_solver("cifar10_quick", 4, 0)
+    data, label = solver.net.input_blobs
+    assert data.shape == (4, 3, 32, 32) and 0 < float(data.data.std()) and set(label.data) <= set(range(10))
+    assert [blob.shape for blob in solver.net.learnable_params][-2:] == [(10, 64), (10,)]
+    before = solver.net.learnable_params[0].data.copy()
+    solver.step(1)
+    assert numpy.isfinite(solver.smoothed_loss) and not numpy.array_equal(solver.net.learnable_params[0].data, before)
+    solver.close()
 
 
 def _trace():
