@@ -149,6 +149,21 @@ def test_ranks_take_the_gpu_of_their_local_rank(cupy_stand_in, lenet_dir, monkey
     assert devices == ["0", "1"]
 
 
+@pytest.mark.parametrize("flag, local_rank", [("all", 0), ("", 1), ("", None)])
+def test_scaffe_gpu_chooses_the_device_training_uses(cupy_stand_in, monkeypatch, flag, local_rank):
+    """SCAFFE_GPU, documented as every rank's GPU, is the device training runs on (collectives.info alone
+    read it, and reported a GPU the rank did not use)."""
+    from collectives import settings
+    from scaffe.cli import _select_device
+    monkeypatch.setattr(cupy_stand_in.cuda.runtime, "DEVICE_COUNT", 2)
+    monkeypatch.setenv("SCAFFE_GPU", "1")
+    monkeypatch.delenv("MPI_LOCALRANKID", raising=False)
+    monkeypatch.delenv("PMI_LOCAL_RANK", raising=False)
+    assert _select_device(flag, solver_mode_gpu=True, local_rank=local_rank) is cupy_stand_in
+    assert cupy_stand_in.cuda.Device().id == 1
+    assert settings.gpu_for(0, range(2), 2) == 1  # what collectives.info reports for the rank
+
+
 @pytest.fixture(scope="module")
 def mnist():
     from scaffe.tools.convert_mnist import ensure_mnist_lmdb
