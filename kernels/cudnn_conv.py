@@ -69,7 +69,7 @@ class CudnnConv:
 
     def __init__(self, pad, stride, dilation):
         self.geometry = {"padding": list(pad), "stride": list(stride), "dilation": list(dilation)}
-        self._graphs = {}  # (operation, shapes) -> (graph, its three tensors)
+        self._graphs = {}  # (operation, shapes) -> (graph, its three tensors, its workspace bytes)
         self._workspace = self._weight_grad = None
 
     def forward(self, x, weight, bias, y):
@@ -92,10 +92,9 @@ class CudnnConv:
 
     def _run(self, operation, a, b, out, shapes):
         cupy = _cupy()
-        graph, tensors = self._graph(operation, shapes)
+        graph, tensors, size = self._graph(operation, shapes)
         handle = _handle()
         binding().set_stream(handle, cupy.cuda.get_current_stream().ptr)
-        size = graph.get_workspace_size()
         if size and (self._workspace is None or self._workspace.nbytes < size):
             self._workspace = cupy.empty(size, dtype=cupy.uint8)
         pointers = {tensor: array.data.ptr for tensor, array in zip(tensors, (a, b, out))}
@@ -132,4 +131,4 @@ class CudnnConv:
         graph.deselect_numeric_notes([getattr(cudnn.numerical_note, note) for note in _EXCLUDED_NOTES])
         graph.check_support()
         graph.build_plans()
-        return graph, (a, b, out)
+        return graph, (a, b, out), graph.get_workspace_size()
