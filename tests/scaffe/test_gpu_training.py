@@ -105,8 +105,9 @@ def test_schedules_take_device_gradients(cupy_stand_in, schedule):
     assert_same_training(host, device)
 
 
-@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
-def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, schedule):
+@pytest.mark.parametrize("schedule, threaded", [("scaffe", True), ("allreduce", True), ("scaffe", False)],
+                         ids=["scaffe", "allreduce", "scaffe-without-MPI_THREAD_MULTIPLE"])
+def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, schedule, threaded):
     """A layer's gradient collective is ordered after that layer's backward, not after the backward queued
     since: each gets a stream of the schedule's own that waited for the layer's event (given no stream, a
     collective orders itself after the legacy default stream, the compute stream here, and the overlap with
@@ -135,6 +136,7 @@ def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, sche
     device.net.add_hooks(on_grads_ready=lambda layer_id: layer_done.setdefault(layer_id, compute._queued))
     attach(device, collectives.Comm(MPI.COMM_WORLD), schedule)
     order = device.callbacks[-1].order
+    order._threaded = threaded  # without MPI_THREAD_MULTIPLE the training thread starts them itself
     device.step(1)
     order.close()
     gradients = [(stream, ordered) for name, stream, ordered in calls if name != "Ibcast"]
