@@ -9,15 +9,21 @@ them, results differed from fp32 by 1.3e-4 of the largest value on an H100). Eve
 included, is declared with its NCHW strides, or cuDNN may write another layout. Groups are implied by
 the filter's shape (M, C / group, kh, kw), as in cuDNN's graph API.
 
-One graph per (operation, shapes) is built once and replayed; the workspace grows and is reused. The
-graphs run on the current cupy stream, through one cuDNN handle per device.
+The three graphs of a set of shapes are built together at first use and replayed; where cuDNN has no fp32
+engine for one of them, those shapes go to the im2col engine whole (one warning), so that a forward's
+columns never meet another path's backward. The workspace grows and is reused. The graphs run on the
+current cupy stream, through one cuDNN handle per device.
 """
 import functools
+import logging
 import os
 
 import numpy
 
 _EXCLUDED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")  # TF32 and reduced-precision engines
+_OPERATIONS = ("fprop", "dgrad", "wgrad")
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -65,47 +71,58 @@ def _handle():
 
 class CudnnConv:
     """cuDNN's convolution for one geometry, with ConvEngine's forward / backward (kernels.im2col's path):
-    forward overwrites y, backward accumulates weight_diff and bias_diff and overwrites dx (each may be None)."""
+    forward overwrites y, backward accumulates weight_diff and bias_diff and overwrites dx (each may be None).
+    `fallback` (a kernels.im2col engine of the same geometry) takes the shapes cuDNN has no fp32 engine for."""
 
-    def __init__(self, pad, stride, dilation):
+    def __init__(self, pad, stride, dilation, fallback):
         self.geometry = {"padding": list(pad), "stride": list(stride), "dilation": list(dilation)}
-        self._graphs = {}  # (operation, shapes) -> (graph, its three tensors, its workspace bytes)
+        self.fallback = fallback
+        self._plans = {}  # (x, w, y shapes) -> {operation: (graph, its three tensors, workspace bytes)} or None
         self._workspace = self._weight_grad = None
 
     def forward(self, x, weight, bias, y):
-        self._run("fprop", x, weight, y, (x.shape, weight.shape, y.shape))
+        plans = self._plans_for((x.shape, weight.shape, y.shape))
+        if plans is None:
+            return self.fallback.forward(x, weight, bias, y)
+        self._run(plans["fprop"], x, weight, y)
         if bias is not None:
             y += bias.reshape(1, -1, 1, 1)
 
     def backward(self, x, weight, dy, weight_diff, bias_diff, dx):
+        plans = self._plans_for((x.shape, weight.shape, dy.shape))
+        if plans is None:
+            return self.fallback.backward(x, weight, dy, weight_diff, bias_diff, dx)
         if bias_diff is not None:
             bias_diff += dy.sum(axis=(0, 2, 3), dtype=dy.dtype)
-        shapes = (x.shape, weight.shape, dy.shape)
         if weight_diff is not None:
             # cuDNN overwrites its output; Caffe's parameter gradients accumulate.
             if self._weight_grad is None or self._weight_grad.shape != weight.shape:
                 self._weight_grad = _cupy().empty_like(weight)
-            self._run("wgrad", x, dy, self._weight_grad, shapes)
+            self._run(plans["wgrad"], x, dy, self._weight_grad)
             weight_diff += self._weight_grad
         if dx is not None:
-            self._run("dgrad", dy, weight, dx, shapes)
+            self._run(plans["dgrad"], dy, weight, dx)
 
-    def _run(self, operation, a, b, out, shapes):
+    def _plans_for(self, shapes):
+        if shapes not in self._plans:
+            cudnn = binding()
+            try:
+                self._plans[shapes] = {operation: self._build(operation, *shapes) for operation in _OPERATIONS}
+            except (cudnn.cudnnGraphNotSupportedError, NotImplementedError, RuntimeError) as error:
+                log.warning("convolution of %s by %s: cuDNN has no fp32 engine (%s); im2col + GEMM runs it",
+                            shapes[0], shapes[1], error)
+                self._plans[shapes] = None
+        return self._plans[shapes]
+
+    def _run(self, plan, a, b, out):
         cupy = _cupy()
-        graph, tensors, size = self._graph(operation, shapes)
+        graph, tensors, size = plan
         handle = _handle()
         binding().set_stream(handle, cupy.cuda.get_current_stream().ptr)
         if size and (self._workspace is None or self._workspace.nbytes < size):
             self._workspace = cupy.empty(size, dtype=cupy.uint8)
         pointers = {tensor: array.data.ptr for tensor, array in zip(tensors, (a, b, out))}
         graph.execute(pointers, self._workspace.data.ptr if size else None, handle=handle)
-
-    def _graph(self, operation, shapes):
-        key = (operation, shapes)
-        built = self._graphs.get(key)
-        if built is None:
-            built = self._graphs[key] = self._build(operation, *shapes)
-        return built
 
     def _build(self, operation, x_shape, w_shape, y_shape):
         cudnn = binding()

@@ -195,7 +195,7 @@ class ConvolutionLayer(_ConvolutionBase):
         super().setup(bottom, top)
         engine = self.engine
         # What computes: cuDNN where it is usable, im2col + GEMM elsewhere (same forward / backward).
-        self.conv = (cudnn_conv.CudnnConv(engine.pad, engine.stride, engine.dilation)
+        self.conv = (cudnn_conv.CudnnConv(engine.pad, engine.stride, engine.dilation, engine)
                      if cudnn_conv.usable(bottom[0].data) else engine)
 
     def output_hw(self, height, width):

@@ -74,13 +74,48 @@ def test_cudnn_equals_im2col_on_a_gpu(monkeypatch, param, shape):
     runs = {}
     calls = []
     run = cudnn_conv.CudnnConv._run
-    monkeypatch.setattr(cudnn_conv.CudnnConv, "_run", lambda self, *args: calls.append(args[0]) or run(self, *args))
+    monkeypatch.setattr(cudnn_conv.CudnnConv, "_run", lambda self, plan, *args: calls.append(plan) or run(self, plan, *args))
     for path in ("1", "0"):
         monkeypatch.setenv("SCAFFE_CUDNN", path)
         runs[path] = run_layer(cupy, conv_layer(param), [x], {}, params=runs["1"][3] if runs else None,
                                top_diffs=runs["1"][4] if runs else None)
-    assert sorted(set(calls)) == ["dgrad", "fprop", "wgrad"]
+    assert len({id(graph) for graph, _, _ in calls}) == 3  # forward, data and filter gradients through cuDNN
     (tops, bottom_diffs, params, _, _, _), (tops0, bottom_diffs0, params0, _, _, _) = runs["1"], runs["0"]
     for got, want in zip(tops + bottom_diffs + [d for _, d in params], tops0 + bottom_diffs0 + [d for _, d in params0]):
         # fp32 engines only: agreement to fp32 rounding of differently ordered sums (TF32 gave 1.3e-4)
         numpy.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(1.0, float(numpy.abs(want).max())))
+
+
+def test_shapes_without_an_fp32_engine_go_to_im2col_whole(monkeypatch, caplog):
+    """Where cuDNN declines a graph of a set of shapes (no engine left once TF32 is excluded), forward and
+    backward of those shapes both run through the im2col engine, with one warning."""
+    import types
+
+    from kernels.im2col import conv_output_size
+    from scaffe.layer_impls.convolution import ConvEngine
+
+    class Declined(Exception):
+        pass
+
+    def decline(self, operation, *shapes):
+        raise Declined(f"no engine for {operation}")
+    monkeypatch.setattr(cudnn_conv, "binding", lambda: types.SimpleNamespace(cudnnGraphNotSupportedError=Declined))
+    monkeypatch.setattr(cudnn_conv.CudnnConv, "_build", decline)
+    geometry = ((3, 3), (1, 1), (2, 2), (1, 1))
+    conv = cudnn_conv.CudnnConv(*geometry[1:], fallback=ConvEngine(*geometry, group=1))
+    reference = ConvEngine(*geometry, group=1)
+    rng = numpy.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 7, 7)).astype(numpy.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(numpy.float32)
+    bias = rng.standard_normal(4).astype(numpy.float32)
+    side = conv_output_size(7, 3, 1, 2, 1)
+    dy = rng.standard_normal((2, 4, side, side)).astype(numpy.float32)
+    results = []
+    for engine in (conv, reference):
+        y, w_diff, b_diff, dx = numpy.empty_like(dy), numpy.ones_like(w), numpy.ones_like(bias), numpy.empty_like(x)
+        engine.forward(x, w, bias, y)
+        engine.backward(x, w, dy, w_diff, b_diff, dx)
+        results.append((y, w_diff, b_diff, dx))
+    for got, want in zip(*results):
+        numpy.testing.assert_array_equal(got, want)
+    assert len([r for r in caplog.records if "no fp32 engine" in r.getMessage()]) == 1
