@@ -117,11 +117,12 @@ class DeviceOrder:
 
     def _started_now(self, work, after, label):
         # The stream waits here, right before the collective marks it: a wait made earlier, in the training
-        # thread, would let the mark cover the events of layers queued in between.
+        # thread, would let the mark cover the events of layers queued in between. It is also the current
+        # stream meanwhile, which is the one cupy's arrays name in their __cuda_array_interface__.
         stream = self.propagation if label is not None and label[0] == "parameters" else self.communication
         if after is not None:
             stream.wait_event(after)
-        with events.labelled(label):
+        with stream, events.labelled(label):
             return work(stream)
 
     def parameters_arrived(self, layer_id):

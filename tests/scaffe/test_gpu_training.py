@@ -126,6 +126,8 @@ def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, sche
                     isinstance(args[0], cupy_stand_in.ndarray):
                 ordered = stream if stream is not None else cupy_stand_in.cuda.Stream.null  # as user_stream
                 calls.append((name, stream, stand_in.ordered_after(ordered, compute)))
+                # cupy's arrays name the current stream to whoever reads them (the staged path synchronises it)
+                assert cupy_stand_in.cuda.get_current_stream() is ordered
             return original(self, *args, stream=stream, **kwargs)
         monkeypatch.setattr(collectives.Comm, name, call)
     for name in ("Ireduce", "Iallreduce", "Ibcast"):
