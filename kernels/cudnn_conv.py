@@ -4,8 +4,9 @@ gradient and filter gradient, grouped, of cupy arrays in NCHW, with Caffe's fp32
 scaffe's Convolution layer takes this path when `usable(x)`: the binding imports, the arrays are float32
 cupy arrays on a GPU, and SCAFFE_CUDNN is not 0; kernels.im2col + GEMM is the path everywhere else (CPU,
 no binding, the CI stand-in). Engines that compute in TF32 or down-convert their inputs carry cuDNN's
-TENSOR_CORE / DOWN_CONVERT_INPUTS numerical notes and are excluded, as PyTorch does with TF32 off (with
-them, results differed from fp32 by 1.3e-4 of the largest value on an H100). Every tensor, the output
+TENSOR_CORE / DOWN_CONVERT_INPUTS numerical notes and are excluded, as PyTorch does with TF32 off (left in,
+the frontend's results on an H100 differed from PyTorch's fp32 by up to 1.3e-4 of the largest value, as
+TF32's would). Every tensor, the output
 included, is declared with its NCHW strides, or cuDNN may write another layout. Groups are implied by
 the filter's shape (M, C / group, kh, kw), as in cuDNN's graph API.
 
