@@ -22,9 +22,12 @@ setup(
                  "numba-cuda>=0.30", "cuda-bindings>=12.9,<13", "nvidia-cuda-nvrtc-cu12==12.*",
                  "nvidia-cuda-nvcc-cu12==12.*"],
         # A working stack on a machine with only the NVIDIA driver: cupy with the toolkit's libraries
-        # (NVRTC, cuBLAS, ...) from its `ctk` extra, and numba-cuda with NVVM from its own extra.
-        "cuda12": ["cupy-cuda12x[ctk]", "numba-cuda[cu12]>=0.30"],
-        "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30"],
+        # (NVRTC, cuBLAS, ...) from its `ctk` extra, numba-cuda with NVVM from its own extra, and cuDNN
+        # (NVIDIA's Python frontend and the runtime library) for convolution (kernels/cudnn_conv.py).
+        "cuda12": ["cupy-cuda12x[ctk]", "numba-cuda[cu12]>=0.30", "nvidia-cudnn-frontend>=1.32",
+                   "nvidia-cudnn-cu12>=9"],
+        "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30", "nvidia-cudnn-frontend>=1.32",
+                   "nvidia-cudnn-cu13>=9"],
         "plot": ["matplotlib"],
         # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
         "draw": ["pydot"],

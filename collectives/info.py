@@ -21,20 +21,13 @@ def gpu_count():
         return 0
 
 
-def gpu_for(local_rank, count):
-    """The GPU a local rank drives: SCAFFE_GPU if set, else local_rank % count (None without GPUs)."""
-    if not count:
-        return None
-    chosen = settings.gpu(count)
-    return local_rank % count if chosen is None else chosen
-
-
 def main():
     comm = Comm(MPI.COMM_WORLD)
     topology = comm.describe()
     topo = comm.node_topology
     count = gpu_count()
-    me = (comm.Get_rank(), socket.gethostname(), topo.local_rank, gpu_for(topo.local_rank, count), count)
+    gpu = settings.gpu_for(topo.local_rank, range(count), count) if count else None
+    me = (comm.Get_rank(), socket.gethostname(), topo.local_rank, gpu, count)
     everyone = comm.gather(me, root=0)
     aware, why = cuda_aware()
     if comm.Get_rank() == 0:

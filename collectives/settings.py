@@ -86,6 +86,17 @@ def gpu(count):
     return int(chosen)
 
 
+def gpu_for(local_rank, device_ids, count):
+    """The GPU the process of `local_rank` drives, of `device_ids` (those it may use, of the node's `count`):
+    SCAFFE_GPU when set (every rank of the node on that GPU), else the ranks take them in turn."""
+    chosen = gpu(count)
+    if chosen is None:
+        return device_ids[local_rank % len(device_ids)]
+    if chosen not in device_ids:
+        raise ValueError(f"SCAFFE_GPU={chosen} is not among the GPUs this process may use ({list(device_ids)})")
+    return chosen
+
+
 def cuda_aware_override():
     """SCAFFE_CUDA_AWARE: True or False when it says whether the MPI library is CUDA-aware, None when unset."""
     return switch("SCAFFE_CUDA_AWARE", None)

@@ -130,29 +130,39 @@ def _select_device(gpu_flag, solver_mode_gpu=False, device_id=0, local_rank=None
     An explicit --gpu requires a GPU. `solver_mode: GPU` without the flag (what Caffe's example
     solvers say) uses device `device_id` when there is one and the CPU otherwise. Under an MPI launcher,
     the rank of local rank r takes device r % GPUs (of those --gpu lists, or of all without the flag);
-    `local_rank` None: the launcher's.
+    `local_rank` None: the launcher's. SCAFFE_GPU, where set, is every rank's device (collectives.settings).
     """
     from kernels.backend import cupy_or_none
-    from scaffe.parallel.launch import device_for_rank, launcher_local_rank
+    from scaffe.parallel.launch import launcher_local_rank
     local_rank = launcher_local_rank() if local_rank is None else local_rank
     if not gpu_flag:
         if not solver_mode_gpu or cupy_or_none() is None:
             log.info("Use CPU.")
             return numpy
         # The solver's one device_id would put every rank of a host on the same GPU.
-        gpu_flag = str(device_id) if local_rank is None else "all"
+        gpu_flag = str(device_id) if local_rank is None and not os.environ.get("SCAFFE_GPU") else "all"
     cupy = cupy_or_none()
     if cupy is None:
         raise CliError(f"--gpu={gpu_flag}: no CUDA GPU is usable here (cupy missing or no device); "
                        f"leave out --gpu to run on the CPU")
-    ids = _gpu_ids(gpu_flag, cupy.cuda.runtime.getDeviceCount())
-    if len(ids) != 1 and local_rank is None:
-        raise CliError(f"--gpu={gpu_flag}: one process drives one GPU; for several, launch one process per "
-                       f"GPU with mpirun (see jobs/)")
-    device = device_for_rank(ids, local_rank or 0)
+    device = _device_of_rank(gpu_flag, local_rank, cupy.cuda.runtime.getDeviceCount())
     cupy.cuda.Device(device).use()
     log.info("Use GPU with device ID %d", device)
     return cupy
+
+
+def _device_of_rank(gpu_flag, local_rank, count):
+    """The one device of --gpu's list this process drives (collectives.settings.gpu_for says which)."""
+    from collectives import settings
+    ids = _gpu_ids(gpu_flag, count)
+    try:
+        chosen = settings.gpu(count)
+        if len(ids) != 1 and local_rank is None and chosen is None:
+            raise CliError(f"--gpu={gpu_flag}: one process drives one GPU; for several, launch one process per "
+                           f"GPU with mpirun (see jobs/)")
+        return settings.gpu_for(local_rank or 0, ids, count)
+    except ValueError as error:
+        raise CliError(str(error)) from None
 
 
 # ---------------------------------------------------------------- train

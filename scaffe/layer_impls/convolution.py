@@ -8,10 +8,12 @@ the CPU and GPU_COL_BUDGET_BYTES on a GPU;
 when the whole batch fits in one chunk the columns from forward are reused by backward instead of
 being recomputed. Buffers grow once and are reused across iterations.
 
-`ConvEngine` is shared with Deconvolution, whose forward is this layer's data-gradient pass.
+`ConvEngine` is shared with Deconvolution, whose forward is this layer's data-gradient pass. On a GPU with
+NVIDIA's cuDNN frontend installed, Convolution runs through cuDNN instead (kernels.cudnn_conv).
 """
 import numpy
 
+from kernels import cudnn_conv
 from kernels.backend import get_array_module
 from kernels.im2col import col2im, conv_output_size, im2col
 from scaffe.layer_impls import register
@@ -189,6 +191,13 @@ class ConvolutionLayer(_ConvolutionBase):
     def weight_shape(self, channels):
         return (self.num_output, channels // self.group)
 
+    def setup(self, bottom, top):
+        super().setup(bottom, top)
+        engine = self.engine
+        # What computes: cuDNN where it is usable, im2col + GEMM elsewhere (same forward / backward).
+        self.conv = (cudnn_conv.CudnnConv(engine.pad, engine.stride, engine.dilation, engine)
+                     if cudnn_conv.usable(bottom[0].data) else engine)
+
     def output_hw(self, height, width):
         return self.engine.output_hw(height, width)
 
@@ -196,7 +205,7 @@ class ConvolutionLayer(_ConvolutionBase):
         weight = self.blobs[0].data
         bias = self.blobs[1].data if self.bias_term else None
         for b, t in zip(bottom, top):
-            self.engine.forward(b.data, weight, bias, t.data)
+            self.conv.forward(b.data, weight, bias, t.data)
 
     def backward(self, top, propagate_down, bottom):
         weight_diff = self.blobs[0].diff if param_grad_wanted(self, 0) else None
@@ -206,4 +215,4 @@ class ConvolutionLayer(_ConvolutionBase):
             if len(bottom) > 1:
                 # Each bottom's columns overwrite the last one's, so only a single bottom can reuse them.
                 self.engine.columns_cached = False
-            self.engine.backward(b.data, self.blobs[0].data, t.diff, weight_diff, bias_diff, dx)
+            self.conv.backward(b.data, self.blobs[0].data, t.diff, weight_diff, bias_diff, dx)

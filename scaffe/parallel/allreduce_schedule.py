@@ -79,13 +79,14 @@ class AllreduceSchedule(Schedule):
             self._flags = flat[count:]
             self._flags[:] = self.local_flags()
         label = ("gradients", tuple(dict.fromkeys(self._pending_layers))) if self._pending else None
-        request = self.order.start(lambda: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM),
+        request = self.order.start(lambda stream: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
                                    after=self.order.mark(), label=label)
         self._buckets.append((flat, layout, request))
         self._pending, self._pending_bytes, self._pending_layers = [], 0, []
         if final and not flags_inside:
             self._flags = numpy.array(self.local_flags(), numpy.int32)
-            self._flags_request = self.order.start(lambda: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
+            self._flags_request = self.order.start(  # host flags: nothing to order after
+                lambda _: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
     def _bucket_buffer(self, index, count, dtype):
         """Bucket `index`'s buffer, grown when too small and kept: host buckets live in the communicator's

@@ -43,11 +43,6 @@ def node_local_rank(comm):
     return rank
 
 
-def device_for_rank(device_ids, local_rank):
-    """The one device of `device_ids` that the process of `local_rank` drives: ranks take them in turn."""
-    return device_ids[local_rank % len(device_ids)]
-
-
 def world():
     """(comm, rank, size) of MPI.COMM_WORLD; importing mpi4py initialises MPI (a singleton without a launcher)."""
     from mpi4py import MPI

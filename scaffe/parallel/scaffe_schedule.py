@@ -64,7 +64,7 @@ class SCaffeSchedule(Schedule):
         ready = self.order.mark()  # the root's initial parameters, as the compute stream left them
         for layer_id, data in self.parameters_by_layer():
             self._bcasts.setdefault(layer_id, []).append(self.order.start(
-                lambda data=data: self.propagation.Ibcast(data, root=self.root), after=ready,
+                lambda stream, data=data: self.propagation.Ibcast(data, root=self.root, stream=stream), after=ready,
                 label=("parameters", (layer_id,))))
         self.synced = True
 
@@ -82,9 +82,11 @@ class SCaffeSchedule(Schedule):
         computed = self.order.mark() if pieces else None  # layer_id's gradients, and its parameters are free
         for piece in pieces:
             if self.rank == self.root:
-                work = lambda diff=piece.diff: self.comm.Ireduce(MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root)  # noqa: E731
+                work = lambda stream, diff=piece.diff: self.comm.Ireduce(  # noqa: E731
+                    MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root, stream=stream)
             else:
-                work = lambda diff=piece.diff: self.comm.Ireduce(diff, None, op=MPI.SUM, root=self.root)  # noqa: E731
+                work = lambda stream, diff=piece.diff: self.comm.Ireduce(  # noqa: E731
+                    diff, None, op=MPI.SUM, root=self.root, stream=stream)
             request = self.order.start(work, after=computed, label=piece.label("gradients", layer_id))
             self._reduces.append((piece, layer_id, request))
         if self.rank != self.root:
@@ -135,8 +137,9 @@ class SCaffeSchedule(Schedule):
 
     def _propagate(self, layer_id, piece, after):
         """Broadcast the parameters of `piece` (of layer `layer_id`) once event `after` has completed."""
-        request = self.order.start(lambda: self.propagation.Ibcast(piece.data, root=self.root), after=after,
-                                   label=piece.label("parameters", layer_id))
+        request = self.order.start(
+            lambda stream: self.propagation.Ibcast(piece.data, root=self.root, stream=stream), after=after,
+            label=piece.label("parameters", layer_id))
         self._propagating.append((layer_id, request))
 
     # ------------------------------------------------------------ stop/snapshot requests
@@ -145,10 +148,10 @@ class SCaffeSchedule(Schedule):
         # The root's _flags_up holds last iteration's sum (Ireduce in place); sent before it is reused.
         if self.rank == self.root:
             self._flags_down[:] = self._flags_up
-        self._announce = self.order.start(lambda: self.comm.Ibcast(self._flags_down, root=self.root))
+        self._announce = self.order.start(lambda _: self.comm.Ibcast(self._flags_down, root=self.root))  # host flags
 
     def _gather_requests(self):
         self._flags_up[:] = self.local_flags()
         send = MPI.IN_PLACE if self.rank == self.root else self._flags_up
         recv = self._flags_up if self.rank == self.root else None
-        self._flags_reduce = self.order.start(lambda: self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))
+        self._flags_reduce = self.order.start(lambda _: self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))

@@ -3,10 +3,14 @@
 On a GPU the training thread only queues work: layers run on the compute stream (the one current
 when training starts), and the training thread never waits for the device inside an iteration. When
 layer i's backward (or the root's update of layer i) has been queued, an event is recorded on the
-compute stream; the communication thread waits for that event alone, then starts the collectives of
-layer i, while the compute stream goes on with layer i-1. Parameters that arrived for the next
-iteration are marked per layer by an event on the propagation stream, and layer i's forward waits
-for its own event on the device (S-Caffe's multi-stage propagation), not for the whole transfer.
+compute stream; the communication thread makes its own stream wait for that event alone and starts
+the collectives of layer i with `stream=` that stream, while the compute stream goes on with layer i-1.
+A collective orders itself after the stream it is given (collectives.devices: `user_stream`); given
+none, it would order itself after the legacy default stream, which is the compute stream in `scaffe
+train`, and so after all the backward queued by then. Parameter broadcasts get the propagation stream
+the same way. Parameters that arrived for the next iteration are marked per layer by an event on the
+propagation stream, and layer i's forward waits for its own event on the device (S-Caffe's multi-stage
+propagation), not for the whole transfer.
 
 Every collective of a schedule goes through one FIFO thread, so each rank starts them in its program
 order, as MPI requires. Without MPI_THREAD_MULTIPLE no other thread may call MPI: the training thread
@@ -30,9 +34,10 @@ class HostOrder:
 
     @staticmethod
     def start(work, after=None, label=None):
-        """`work()` now: it starts a collective (labelled `label` for the timeline) and returns its request."""
+        """`work(stream)` now: it starts a collective (labelled `label` for the timeline) on `stream` (None:
+        host data, nothing to order after) and returns its request."""
         with events.labelled(label):
-            return work()
+            return work(None)
 
     def parameters_arrived(self, layer_id):
         """Layer `layer_id`'s parameters arrived (its broadcasts completed); the host reads them directly."""
@@ -72,6 +77,7 @@ class DeviceOrder:
         self.cupy = cupy
         self.compute = cupy.cuda.get_current_stream()
         self.propagation = cupy.cuda.Stream(non_blocking=True)
+        self.communication = cupy.cuda.Stream(non_blocking=True)  # the gradients' collectives
         self._arrived = [None] * layer_count  # layer -> event on the propagation stream, until its forward
         self._queue = queue.Queue()
         self._thread = None
@@ -82,11 +88,11 @@ class DeviceOrder:
         return self.compute.record()
 
     def start(self, work, after=None, label=None):
-        """`work()` (which starts a collective and returns its request) once event `after` has completed."""
+        """`work(stream)` (which starts a collective on `stream` and returns its request) with `stream` ordered
+        after event `after` alone: the propagation stream for parameters (`label` ("parameters", ...)),
+        the communication stream for the rest."""
         if not self._threaded:
-            if after is not None:
-                after.synchronize()
-            return HostOrder.start(work, label=label)
+            return self._started_now(work, after, label)
         started = Started()
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, args=(current_device(),), name="scaffe-comm",
@@ -97,21 +103,27 @@ class DeviceOrder:
 
     def _loop(self, device):
         use_device(device)
-        # Its own stream: what the collectives queue from here must not wait for the compute stream.
-        with self.cupy.cuda.Stream(non_blocking=True):
-            while True:
-                item = self._queue.get()
-                if item is None:
-                    return
-                work, after, label, started = item
-                try:
-                    if after is not None:
-                        after.synchronize()
-                    started._request = HostOrder.start(work, label=label)
-                except BaseException as error:  # the training thread raises it when it asks for the request
-                    started._error = error
-                finally:
-                    started._done.set()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, after, label, started = item
+            try:
+                started._request = self._started_now(work, after, label)
+            except BaseException as error:  # the training thread raises it when it asks for the request
+                started._error = error
+            finally:
+                started._done.set()
+
+    def _started_now(self, work, after, label):
+        # The stream waits here, right before the collective marks it: a wait made earlier, in the training
+        # thread, would let the mark cover the events of layers queued in between. It is also the current
+        # stream meanwhile, which is the one cupy's arrays name in their __cuda_array_interface__.
+        stream = self.propagation if label is not None and label[0] == "parameters" else self.communication
+        if after is not None:
+            stream.wait_event(after)
+        with stream, events.labelled(label):
+            return work(stream)
 
     def parameters_arrived(self, layer_id):
         """Layer `layer_id`'s broadcasts completed: what they queued on the propagation stream is marked."""

@@ -5,7 +5,8 @@ import pytest
 
 from cluster_jobs import LOCAL_RANK_WORKER, local_ranks
 from mpi_harness import OPEN_MPI, launch, require_ok, run_command
-from scaffe.parallel.launch import LOCAL_RANK_VARIABLES, device_for_rank, launcher_local_rank
+from collectives.settings import gpu_for
+from scaffe.parallel.launch import LOCAL_RANK_VARIABLES, launcher_local_rank
 
 
 @pytest.mark.parametrize("variable", LOCAL_RANK_VARIABLES)
@@ -28,9 +29,17 @@ def test_damaged_variable_is_named():
         launcher_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "x"})
 
 
-def test_device_round_robin():
-    assert [device_for_rank([0, 1, 2], r) for r in range(5)] == [0, 1, 2, 0, 1]
-    assert [device_for_rank([3, 1], r) for r in range(3)] == [3, 1, 3]
+def test_device_round_robin(monkeypatch):
+    monkeypatch.delenv("SCAFFE_GPU", raising=False)
+    assert [gpu_for(r, [0, 1, 2], 3) for r in range(5)] == [0, 1, 2, 0, 1]
+    assert [gpu_for(r, [3, 1], 4) for r in range(3)] == [3, 1, 3]
+
+
+def test_scaffe_gpu_is_every_ranks_device(monkeypatch):
+    monkeypatch.setenv("SCAFFE_GPU", "1")
+    assert [gpu_for(r, [0, 1, 2], 3) for r in range(4)] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"SCAFFE_GPU=1 is not among the GPUs this process may use \(\[0, 2\]\)"):
+        gpu_for(0, [0, 2], 3)
 
 
 @pytest.mark.skipif(OPEN_MPI, reason="checks MPICH's hydra, the wheel's mpiexec")

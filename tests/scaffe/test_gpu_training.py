@@ -105,6 +105,51 @@ def test_schedules_take_device_gradients(cupy_stand_in, schedule):
     assert_same_training(host, device)
 
 
+@pytest.mark.parametrize("schedule, threaded", [("scaffe", True), ("allreduce", True), ("scaffe", False)],
+                         ids=["scaffe", "allreduce", "scaffe-without-MPI_THREAD_MULTIPLE"])
+def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, schedule, threaded):
+    """A layer's gradient collective is ordered after that layer's backward, not after the backward queued
+    since: each gets a stream of the schedule's own that waited for the layer's event (given no stream, a
+    collective orders itself after the legacy default stream, the compute stream here, and the overlap with
+    backward is lost on a GPU). Parameters go on the propagation stream."""
+    import collectives
+    from mpi4py import MPI
+
+    from scaffe.parallel import attach
+    stand_in, calls = cupy_stand_in._stand_in, []
+
+    def recording(name):
+        original = getattr(collectives.Comm, name)
+
+        def call(self, *args, stream=None, **kwargs):
+            if isinstance(args[-1 if name == "Ibcast" else 1], cupy_stand_in.ndarray) or \
+                    isinstance(args[0], cupy_stand_in.ndarray):
+                ordered = stream if stream is not None else cupy_stand_in.cuda.Stream.null  # as user_stream
+                calls.append((name, stream, stand_in.ordered_after(ordered, compute)))
+                # cupy's arrays name the current stream to whoever reads them (the staged path synchronises it)
+                assert cupy_stand_in.cuda.get_current_stream() is ordered
+            return original(self, *args, stream=stream, **kwargs)
+        monkeypatch.setattr(collectives.Comm, name, call)
+    for name in ("Ireduce", "Iallreduce", "Ibcast"):
+        recording(name)
+    _, device = lenet_solvers(cupy_stand_in, "SGD")
+    compute = cupy_stand_in.cuda.get_current_stream()
+    layer_done = {}
+    device.net.add_hooks(on_grads_ready=lambda layer_id: layer_done.setdefault(layer_id, compute._queued))
+    attach(device, collectives.Comm(MPI.COMM_WORLD), schedule)
+    order = device.callbacks[-1].order
+    order._threaded = threaded  # without MPI_THREAD_MULTIPLE the training thread starts them itself
+    device.step(1)
+    order.close()
+    gradients = [(stream, ordered) for name, stream, ordered in calls if name != "Ibcast"]
+    assert gradients and all(stream is order.communication for stream, _ in gradients)
+    assert all(stream is order.propagation for name, stream, _ in calls if name == "Ibcast")
+    if schedule == "scaffe":  # one reduce per layer with gradients, top down
+        layers = [layer_id for layer_id in sorted(layer_done, reverse=True) if device.net.grads_ready_at(layer_id)]
+        assert [ordered for _, ordered in gradients] == [layer_done[layer_id] for layer_id in layers]
+    assert gradients[0][1] < compute._queued  # backward went on after the first collective's layer
+
+
 def test_helper_threads_work_on_the_ranks_device(cupy_stand_in, monkeypatch):
     """The collectives' progress thread and the schedules' communication thread take the device of the thread
     that started them (a new thread would be on device 0)."""
@@ -120,7 +165,7 @@ def test_helper_threads_work_on_the_ranks_device(cupy_stand_in, monkeypatch):
     MPI.Request.Wait(progress.submit(lambda: seen.append(cupy_stand_in.cuda.Device().id), Name("probe", None), 0))
     progress.stop()
     order = DeviceOrder(cupy_stand_in, 1)
-    seen.append(order.start(lambda: cupy_stand_in.cuda.Device().id, after=order.mark()).request())
+    seen.append(order.start(lambda stream: cupy_stand_in.cuda.Device().id, after=order.mark()).request())
     order.close()
     assert seen == [1, 1]
     assert threading.current_thread() is threading.main_thread()
@@ -147,6 +192,21 @@ def test_ranks_take_the_gpu_of_their_local_rank(cupy_stand_in, lenet_dir, monkey
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     devices = sorted(re.findall(r"Use GPU with device ID (\d+)", done.stdout + done.stderr))
     assert devices == ["0", "1"]
+
+
+@pytest.mark.parametrize("flag, local_rank", [("all", 0), ("", 1), ("", None)])
+def test_scaffe_gpu_chooses_the_device_training_uses(cupy_stand_in, monkeypatch, flag, local_rank):
+    """SCAFFE_GPU, documented as every rank's GPU, is the device training runs on (collectives.info alone
+    read it, and reported a GPU the rank did not use)."""
+    from collectives import settings
+    from scaffe.cli import _select_device
+    monkeypatch.setattr(cupy_stand_in.cuda.runtime, "DEVICE_COUNT", 2)
+    monkeypatch.setenv("SCAFFE_GPU", "1")
+    monkeypatch.delenv("MPI_LOCALRANKID", raising=False)
+    monkeypatch.delenv("PMI_LOCAL_RANK", raising=False)
+    assert _select_device(flag, solver_mode_gpu=True, local_rank=local_rank) is cupy_stand_in
+    assert cupy_stand_in.cuda.Device().id == 1
+    assert settings.gpu_for(0, range(2), 2) == 1  # what collectives.info reports for the rank
 
 
 @pytest.fixture(scope="module")

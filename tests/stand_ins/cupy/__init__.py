@@ -54,6 +54,7 @@ del _name
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     """A new device array from host data (an upload) or from a device array (a device copy)."""
     if isinstance(obj, ndarray):
+        _stand_in.launch()
         return _wrap(numpy.array(obj._array, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
     if isinstance(obj, (list, tuple)) and _builtins.any(isinstance(o, ndarray) for o in obj):  # stacked on the device
         return _wrap(numpy.array(_unwrap_nested(obj), dtype=dtype, order=order, ndmin=ndmin))

@@ -15,6 +15,9 @@ import numpy
 from cupy import _stand_in
 
 _SCALAR_TYPES = (bool, int, float, complex, numpy.generic)
+# What makes views, not kernels: no launch is counted for these.
+_VIEWS = frozenset(("broadcast_to", "diagonal", "expand_dims", "moveaxis", "ravel", "reshape", "split", "squeeze",
+                    "swapaxes", "transpose", "view"))
 
 
 def _unsupported(value):
@@ -55,7 +58,11 @@ def wrap(result):
 
 def device_routine(numpy_function, name=None):
     """A cupy routine computed by `numpy_function` on the arrays' storage."""
+    launches = (name or numpy_function.__name__) not in _VIEWS
+
     def routine(*args, **kwargs):
+        if launches:
+            _stand_in.launch()
         return wrap(numpy_function(*[unwrap_nested(a) for a in args],
                                    **{k: unwrap_nested(v) for k, v in kwargs.items()}))
     routine.__name__ = name or numpy_function.__name__
@@ -84,6 +91,7 @@ class ufunc:
         self.nout = numpy_ufunc.nout
 
     def __call__(self, *args, out=None, dtype=None, casting="same_kind"):
+        _stand_in.launch()
         operands = [to_host_operand(a) for a in args]
         kwargs = {"casting": casting}
         if dtype is not None:
@@ -98,11 +106,13 @@ class ufunc:
         if not isinstance(a, ndarray):
             raise _unsupported(a)
         args = () if b is None else (to_host_operand(b),)
+        _stand_in.launch()
         self._ufunc.at(a._array, _index(indices), *args)
 
     def reduce(self, a, axis=0, dtype=None, out=None, keepdims=False):
         if not isinstance(a, ndarray):
             raise _unsupported(a)
+        _stand_in.launch()
         result = self._ufunc.reduce(a._array, axis=axis, dtype=dtype, out=_out_operand(out), keepdims=keepdims)
         return out if out is not None else wrap(result)
 
@@ -142,7 +152,11 @@ class _Flags:
 
 
 def _device_method(name):
+    launches = name not in _VIEWS
+
     def method(self, *args, **kwargs):
+        if launches:
+            _stand_in.launch()
         return wrap(getattr(self._array, name)(*[unwrap_nested(a) for a in args],
                                                **{k: unwrap_nested(v) for k, v in kwargs.items()}))
     method.__name__ = name
@@ -167,6 +181,7 @@ def _binary(numpy_name, reflected=False):
             # cupy answers NotImplemented to a foreign operand; numpy's side then calls
             # __array_ufunc__ below, which refuses numpy arrays.
             return NotImplemented
+        _stand_in.launch()
         if reflected:
             return wrap(numpy_ufunc(operand, self._array))
         return wrap(numpy_ufunc(self._array, operand))
@@ -177,6 +192,7 @@ def _inplace(numpy_name):
     numpy_ufunc = getattr(numpy, numpy_name)
 
     def method(self, other):
+        _stand_in.launch()
         numpy_ufunc(self._array, to_host_operand(other), out=self._array)
         return self
     return method
@@ -319,6 +335,7 @@ class ndarray:
     del _name
 
     def fill(self, value):
+        _stand_in.launch()
         if isinstance(value, ndarray):
             if value.shape != ():
                 raise ValueError("non-scalar cupy.ndarray cannot be used for fill")
@@ -341,9 +358,13 @@ class ndarray:
         return (self[i] for i in range(len(self)))
 
     def __getitem__(self, key):
-        return wrap(self._array[_index(key)])
+        index = _index(key)
+        if _is_advanced(index):
+            _stand_in.launch()  # a gather kernel; basic indexing makes a view
+        return wrap(self._array[index])
 
     def __setitem__(self, key, value):
+        _stand_in.launch()
         index = _index(key)
         if isinstance(value, ndarray):
             self._array[index] = value._array
@@ -379,15 +400,19 @@ class ndarray:
     __hash__ = None
 
     def __neg__(self):
+        _stand_in.launch()
         return wrap(-self._array)
 
     def __pos__(self):
+        _stand_in.launch()
         return wrap(+self._array)
 
     def __abs__(self):
+        _stand_in.launch()
         return wrap(abs(self._array))
 
     def __invert__(self):
+        _stand_in.launch()
         return wrap(~self._array)
 
     def __copy__(self):

@@ -38,6 +38,7 @@ class ElementwiseKernel:
     def __call__(self, *args, size=None, block_size=None):
         from cupy import _stand_in, _twins
         _stand_in.count(f"launch:{self.name}")
+        _stand_in.launch()
         twin = _twins.TWINS.get(self.name)
         if twin is None:
             raise NotImplementedError(f"cupy stand-in: no numpy twin for ElementwiseKernel {self.name!r}; "
@@ -108,6 +109,7 @@ class RawKernel:
         if twin is None or self.parameters[-1] != ("long long", "total"):
             raise NotImplementedError(f"cupy stand-in: no numpy twin for RawKernel {self.name!r}")
         _stand_in.count(f"launch:{base}")
+        _stand_in.launch()
         if len(args) != len(self.parameters):
             raise TypeError(f"{self.name}: expected {len(self.parameters)} arguments, got {len(args)}")
         bound = {}

@@ -3,7 +3,8 @@
 `counters["device_to_host"]`: copies to the host (`.get()`, `cupy.asnumpy`, `float(x)`, `x.item()`, ...),
 each one a host synchronisation in real cupy. `counters["host_to_device"]`: uploads (`cupy.asarray` of host
 data, `x.set(host)`). `counters["synchronize"]`: explicit stream/device/event synchronisations.
-`counters["launch:<name>"]`: launches of the ElementwiseKernel <name>. `counters["pinned_upload"]` and
+`counters["launch:<name>"]`: launches of the ElementwiseKernel <name>; `counters["launches"]`: every kernel
+launch (elementwise, reductions, copies, RawKernels; a GEMM counts one), what per-launch host cost scales with. `counters["pinned_upload"]` and
 `counters["pageable_upload"]` split the uploads by the host memory they read.
 """
 import collections
@@ -20,6 +21,22 @@ def count(kind):
     if kind in ("device_to_host", "synchronize") and threading.current_thread() is not threading.main_thread():
         kind += " in a helper thread"
     counters[kind] += 1
+
+
+def launch():
+    """One kernel launched on the current stream: counted, and given its place in that stream's order."""
+    from cupy import cuda
+    counters["launches"] += 1
+    cuda.get_current_stream()._launched()
+
+
+def ordered_after(stream, other):
+    """How much of `other`'s queue (a position: launches and copies counted from 1) work queued on `stream` now
+    waits for: all of it on the same stream or across the legacy default stream and a blocking one, else
+    what `stream`'s waits on `other`'s events covered."""
+    if stream is other or ((stream.is_null or other.is_null) and not (stream.non_blocking or other.non_blocking)):
+        return other._queued
+    return stream._after.get(other, 0)
 
 
 def reset():

@@ -1,11 +1,14 @@
 """cupy.cuda for the stand-in: one device, streams, events, pinned host memory.
 
-Kernels are computed eagerly on the host. Uploads from pinned memory on a non-default stream are queued
-on that stream and run only when something orders them (Stream/Event/Device synchronize, or a stream
-waiting on an event recorded after them), so a missing wait or a host buffer refilled too early shows as
-wrong data. Synchronisations are counted in `cupy._stand_in.counters`. The legacy default stream's
-implicit ordering with blocking streams is not modelled: uploads go on non-blocking streams.
+Kernels are computed eagerly on the host, but each launch takes a place in the current stream's queue, so
+events mark positions and `cupy._stand_in.ordered_after` says how much of one stream's work another stream's
+next work is ordered after (a wait on an event covers that event's position, not what was queued later;
+the legacy default stream covers everything queued on blocking streams). Uploads from pinned memory on a
+non-default stream are queued on that stream and run only when something orders them (Stream/Event/Device
+synchronize, or a stream waiting on an event recorded after them), so a missing wait or a host buffer
+refilled too early shows as wrong data. Synchronisations are counted in `cupy._stand_in.counters`.
 """
+import collections
 import threading
 import weakref
 
@@ -98,22 +101,28 @@ class Stream:
         self.non_blocking = non_blocking
         self.ptr = 0 if null else id(self)
         self._lock = threading.Lock()
-        self._work = []  # queued asynchronous copies, run in order
-        self._queued = self._done = 0
+        self._work = collections.deque()  # (position, queued asynchronous copy), run in order
+        self._queued = self._done = 0  # positions: every launch and copy takes one
+        self._after = weakref.WeakKeyDictionary()  # stream -> the position of it this one waited for
         _streams.add(self)
 
     def _enqueue(self, work):
         with self._lock:
-            self._work.append(work)
+            self._queued += 1
+            self._work.append((self._queued, work))
+
+    def _launched(self):
+        """A kernel launched on this stream: computed already, it still takes its place in the order."""
+        with self._lock:
             self._queued += 1
 
     def _run(self, position=None):
         """Runs the queued work up to `position` (all of it by default)."""
         with self._lock:
             target = self._queued if position is None else position
-            while self._done < target:
-                self._work.pop(0)()
-                self._done += 1
+            while self._work and self._work[0][0] <= target:
+                self._work.popleft()[1]()
+            self._done = max(self._done, target)
 
     def use(self):
         _local.stream = self
@@ -134,6 +143,8 @@ class Stream:
         if not isinstance(event, Event):
             raise TypeError(f"wait_event takes a cupy.cuda.Event, not {type(event)}")
         event._complete()
+        if event._stream is not None and event._stream is not self:
+            self._after[event._stream] = max(self._after.get(event._stream, 0), event._position)
 
     @property
     def done(self):
