@@ -261,14 +261,29 @@ _register_update("scaffe_adam_update", ("beta1", "beta2", "correction", "delta")
         const T step = (local_rate * (T)correction) * (m / (sqrt(v) + (T)delta));""")
 
 
-# The one-kernel bound of the GPU acceptance (perf/gpu_acceptance.py): the least a 4-rank float32 Reduce
-# on one GPU can cost is one pass that reads four buffers and writes one.
+# The one-kernel bounds of the GPU acceptance (perf/gpu_acceptance.py): the least a 4-rank float32 Reduce
+# on one GPU can cost is one pass that reads four buffers and writes one; an Allreduce, one pass that reads
+# four and writes the sum to all four.
 register(CudaSource("scaffe_bound_sum4_float32", """
 extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float* b, const float* c,
                                                      const float* d, float* out, long long total) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)blockDim.x * gridDim.x)
         out[i] = ((a[i] + b[i]) + c[i]) + d[i];
+}
+"""))
+register(CudaSource("scaffe_bound_allreduce4_float32", """
+extern "C" __global__ void scaffe_bound_allreduce4_float32(const float* a, const float* b, const float* c,
+                                                          const float* d, float* out_a, float* out_b,
+                                                          float* out_c, float* out_d, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        const float sum = ((a[i] + b[i]) + c[i]) + d[i];
+        out_a[i] = sum;
+        out_b[i] = sum;
+        out_c[i] = sum;
+        out_d[i] = sum;
+    }
 }
 """))
 

@@ -127,7 +127,7 @@ def test_every_cupy_kernel_is_built_from_the_registry():
 
 
 LAUNCHED = sorted([elementwise_name(base, d) for base, dtypes in ELEMENTWISE.items() for d in dtypes]
-                  + ["scaffe_bound_sum4_float32"])  # the kernels `launch` runs
+                  + ["scaffe_bound_sum4_float32", "scaffe_bound_allreduce4_float32"])  # the kernels `launch` runs
 
 
 @pytest.mark.parametrize("name", LAUNCHED)
