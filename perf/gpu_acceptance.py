@@ -2,6 +2,7 @@
 
     python -m perf.gpu_acceptance bounds                  # fused 4-input kernels and device copies
     python -m perf.gpu_acceptance scaffe-time [--net N]   # ms per SGD iteration of scaffe on the GPU
+    python -m perf.gpu_acceptance cifar-digits DIR        # cifar10_quick's solver on the bundled digits
     python -m perf.gpu_acceptance verdict LOGDIR          # the acceptance lines against the logs
 
 Measurements print `RESULT key [arg] value` lines, which the verdict reads back from LOGDIR's logs (the
@@ -116,6 +117,62 @@ def scaffe_ms_per_iter(net, batch, iterations, warmup):
     solver.step(iterations)
     cupy.cuda.Device().synchronize()
     return (time.perf_counter() - start) / iterations * 1e3
+
+
+# ---------------------------------------------------------------- cifar10_quick's data where CIFAR-10 is absent
+
+CIFAR_DIR = Path(__file__).resolve().parents[1] / "examples" / "cifar10"
+
+
+def cifar_digits(out, iterations):
+    """cifar10_quick's solver (`iterations` of it, then one test) and net in `out`, reading LMDBs of the bundled MNIST digits drawn as CIFAR-sized
+    images (each digit centred in 32 x 32, in all three channels) and their mean: CIFAR-10 itself (163 MB)
+    is not bundled, and the GPU machine cannot download it. Returns the solver's path."""
+    from google.protobuf import text_format
+
+    from scaffe.io import array_to_blobproto, write_blobproto
+    from scaffe.proto import caffe_pb2
+    from scaffe.tools.compute_image_mean import compute_image_mean
+    from scaffe.tools.convert_mnist import bundled_mnist_dir, read_idx_images, read_idx_labels
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sources = {}
+    for prefix, phase in (("train", caffe_pb2.TRAIN), ("t10k", caffe_pb2.TEST)):
+        images = read_idx_images(bundled_mnist_dir() / f"{prefix}-images-idx3-ubyte.gz")
+        labels = read_idx_labels(bundled_mnist_dir() / f"{prefix}-labels-idx1-ubyte.gz")
+        sources[phase] = out / f"{prefix}_lmdb"
+        _write_cifar_sized(sources[phase], images, labels)
+    mean, _ = compute_image_mean(str(sources[caffe_pb2.TRAIN]))
+    write_blobproto(array_to_blobproto(mean[None], legacy_4d=True), str(out / "mean.binaryproto"))
+    net = caffe_pb2.NetParameter()
+    text_format.Parse((CIFAR_DIR / "cifar10_quick_train_test.prototxt").read_text(), net)
+    for layer in net.layer:
+        if layer.type == "Data":
+            layer.data_param.source = str(sources[layer.include[0].phase])
+            layer.transform_param.mean_file = str(out / "mean.binaryproto")
+    solver = caffe_pb2.SolverParameter()
+    text_format.Parse((CIFAR_DIR / "cifar10_quick_solver.prototxt").read_text(), solver)
+    solver.ClearField("net")
+    solver.net_param.CopyFrom(net)
+    solver.test_iter[:] = [len(read_idx_labels(bundled_mnist_dir() / "t10k-labels-idx1-ubyte.gz")) // 100]
+    solver.max_iter = solver.test_interval = iterations  # Caffe tests at the end only on a test interval
+    solver.snapshot, solver.snapshot_after_train = 0, False
+    solver.snapshot_prefix = str(out / "cifar10_quick")
+    path = out / "solver.prototxt"
+    path.write_text(text_format.MessageToString(solver))
+    return path
+
+
+def _write_cifar_sized(db_path, images, labels):
+    from scaffe.data.lmdb_writer import LMDBWriter
+    from scaffe.proto import caffe_pb2
+    canvas = numpy.zeros((3, 32, 32), dtype=numpy.uint8)
+    datum = caffe_pb2.Datum(channels=3, height=32, width=32)
+    with LMDBWriter(str(db_path)) as db:
+        for i, (image, label) in enumerate(zip(images, labels)):
+            canvas[:, 2:30, 2:30] = image
+            datum.data, datum.label = canvas.tobytes(), int(label)
+            db.put(b"%08d" % i, datum.SerializeToString())
 
 
 # ---------------------------------------------------------------- the verdict (reads logs; no GPU)
@@ -261,6 +318,7 @@ def _gpu_test_rows(verdict):
 def _training_rows(verdict):
     for net, runs in TRAIN_RUNS.items():
         one_rank = last_accuracy(verdict.logs / f"train_{net}_np1_scaffe.log")
+        data = " (bundled digits)" if net == "cifar10_quick" and "cifar_digits" in verdict.outcomes else ""
         for ranks, schedule in runs:
             name = f"train_{net}_np{ranks}_{schedule}"
             accuracy = last_accuracy(verdict.logs / f"{name}.log")
@@ -268,8 +326,8 @@ def _training_rows(verdict):
                 ranks == 1 or (one_rank is not None and abs(accuracy - one_rank) <= ACCURACY_TOLERANCE))
             needed = (f">= {MIN_ACCURACY[net]}" if MIN_ACCURACY[net] else "") + (
                 "" if ranks == 1 else f"{', ' if MIN_ACCURACY[net] else ''}within {ACCURACY_TOLERANCE} of 1 rank")
-            verdict.row(f"{net} accuracy, {ranks} rank(s), {schedule}", accuracy and f"{accuracy:.4f}",
-                        needed or "a test accuracy", passed, [name, f"train_{net}_np1_scaffe"])
+            verdict.row(f"{net}{data} accuracy, {ranks} rank(s), {schedule}", accuracy and f"{accuracy:.4f}",
+                        needed or "a test accuracy", passed, [name, f"train_{net}_np1_scaffe", "cifar_digits"])
 
 
 def _timing_rows(verdict):
@@ -313,11 +371,16 @@ def main(argv=None):
     timing.add_argument("--net", default="all", choices=["all", *TIMED_NETS])
     timing.add_argument("--iterations", type=int, default=20)
     timing.add_argument("--warmup", type=int, default=5)
+    digits = sub.add_parser("cifar-digits", help="cifar10_quick's solver on the bundled digits, for want of CIFAR-10")
+    digits.add_argument("out")
+    digits.add_argument("--iterations", type=int, default=500)
     verdict = sub.add_parser("verdict", help="the acceptance table from a folder of logs")
     verdict.add_argument("logs")
     args = p.parse_args(argv)
     if args.command == "bounds":
         bounds()
+    elif args.command == "cifar-digits":
+        print(cifar_digits(args.out, args.iterations))
     elif args.command == "scaffe-time":
         from perf.torch_twins import SPECS
         for net in [n for n in TIMED_NETS if n in SPECS] if args.net == "all" else [args.net]:

@@ -39,10 +39,12 @@ def test_dry_run_plans_every_log_the_verdict_reads(tmp_path):
     for net, runs in gpu_acceptance.TRAIN_RUNS.items():
         for ranks, schedule in runs:
             command = plan[f"train_{net}_np{ranks}_{schedule}"]
-            assert "--gpu=0" in command and ("lenet_solver" if net == "lenet" else "cifar10_quick_solver") in command
+            solver = "examples/mnist/lenet_solver.prototxt" if net == "lenet" else f"{tmp_path}/cifar_digits/solver.prototxt"
+            assert f"--solver={solver} --gpu=0 " in command
             assert (f"mpiexec -n {ranks} " in command and f"--schedule={schedule}" in command) if ranks > 1 \
                 else "mpiexec" not in command
     assert "-m gpu tests" in plan["gpu_tests"]
+    assert plan["cifar_digits"].endswith(f"cifar-digits {tmp_path}/cifar_digits --iterations=500")
     assert plan["bounds"].endswith("perf.gpu_acceptance bounds")
     assert plan["time_scaffe"].endswith("scaffe-time") and plan["time_torch"].endswith("perf.torch_twins")
     assert plan["verdict"].endswith(f"verdict {tmp_path}")
@@ -233,3 +235,31 @@ def test_torch_twin_builds_the_specified_shapes(name):
     batch, image, _ = torch_twins.SPECS[name]
     classes = torch_twins.param_shapes(name)[-1][0]
     assert tuple(model(torch.zeros((2, *image))).shape) == (2, classes)
+
+
+def test_cifar10_quick_gets_the_bundled_digits_drawn_cifar_sized(tmp_path):
+    from google.protobuf import text_format
+
+    from scaffe.data.datum import datum_to_array
+    from scaffe.data.lmdb_reader import open_database
+    from scaffe.io import read_blobproto
+    from scaffe.proto import caffe_pb2
+    from scaffe.tools.convert_mnist import bundled_mnist_dir, read_idx_images, read_idx_labels
+    solver = caffe_pb2.SolverParameter()
+    text_format.Parse(gpu_acceptance.cifar_digits(tmp_path, 300).read_text(), solver)
+    assert solver.max_iter == solver.test_interval == 300 and solver.test_iter == [10]
+    assert solver.net_param.name == "CIFAR10_quick" and not solver.snapshot_after_train
+    sources = {layer.include[0].phase: layer.data_param.source for layer in solver.net_param.layer
+               if layer.type == "Data"}
+    db = open_database(sources[caffe_pb2.TRAIN])
+    try:
+        key, value = next(iter(db.items()))
+        image, label = datum_to_array(value)
+    finally:
+        db.close()
+    digits = read_idx_images(bundled_mnist_dir() / "train-images-idx3-ubyte.gz")
+    assert image.shape == (3, 32, 32) and (image[:, 2:30, 2:30] == digits[0]).all() and not image[:, :2].any()
+    assert label == read_idx_labels(bundled_mnist_dir() / "train-labels-idx1-ubyte.gz")[0]
+    mean = read_blobproto(str(tmp_path / "mean.binaryproto"))
+    assert (mean.num, mean.channels, mean.height, mean.width) == (1, 3, 32, 32)
+    assert {caffe_pb2.TRAIN, caffe_pb2.TEST} == set(sources)
