@@ -309,9 +309,10 @@ def _device_rows(verdict, device):
 def _gpu_test_rows(verdict):
     log = verdict.logs / "gpu_tests.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|errors?)\b", text)}
+    counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", text)}
     summary = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or None
-    passed = counts.get("passed", 0) > 0 and not (set(counts) - {"passed"}) and verdict.outcomes.get("gpu_tests") == 0
+    passed = counts.get("passed", 0) > 0 and not (set(counts) - {"passed", "skipped"}) and (
+        verdict.outcomes.get("gpu_tests") == 0)
     verdict.row("every `gpu`-marked test passes", summary, "0 failed, 0 errors", passed, ["gpu_tests"])
 
 
@@ -331,13 +332,14 @@ def _training_rows(verdict):
 
 
 def _timing_rows(verdict):
+    from perf.torch_twins import SPECS  # the nets both timing steps know
     for net in TIMED_NETS:
         ours, torch = verdict.measured.get(("scaffe_ms_per_iter", net)), verdict.measured.get(("torch_ms_per_iter", net))
         slowdown = ours / torch if ours and torch else None
         verdict.row(f"{net} ms/iter: scaffe {ours or '-'} / PyTorch eager {torch or '-'}", slowdown and f"{slowdown:.2f}x",
                     f"<= {MAX_SLOWDOWN_VS_TORCH}x" if net != "googlenet" else "both timed",
                     slowdown is not None and (net == "googlenet" or slowdown <= MAX_SLOWDOWN_VS_TORCH),
-                    ["time_scaffe", "time_torch"])
+                    ["time_scaffe", "time_torch"] if net in SPECS else [])
 
 
 def verdict_rows(logs):

@@ -191,6 +191,9 @@ def test_a_failing_gpu_test_fails_its_row(tmp_path):
     write_logs(tmp_path, passing_times(), failed_steps={"gpu_tests": 1})
     (tmp_path / "gpu_tests.log").write_text("FAILED tests/x.py::test_y - assert 1 == 2\n1 failed, 21 passed in 80s\n")
     assert verdicts(tmp_path)["every `gpu`-marked test passes"] == "FAIL"
+    write_logs(tmp_path, passing_times())  # pytest exits 0 when every test skips: no GPU after all
+    (tmp_path / "gpu_tests.log").write_text("sssssssssssssssssssssss\n23 skipped, 1171 deselected in 4.87s\n")
+    assert verdicts(tmp_path)["every `gpu`-marked test passes"] == "FAIL"
 
 
 def test_verdict_says_missing_for_what_did_not_run(tmp_path):
