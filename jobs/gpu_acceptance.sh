@@ -15,7 +15,8 @@
 # The order is what the verdict needs most first. Every step logs to LOGS/<step>.log and its exit status to
 # LOGS/steps.tsv; a failed, timed-out or skipped step gives FAIL or MISSING rows and the rest still run.
 # Each step's limit is its share of one time budget (--budget, default 450 s; the shares add up to at most
-# the budget), and no step runs past what is left of it, so the verdict is always printed in time.
+# the budget), of what is left of it when earlier steps finished early, so the verdict is always printed
+# in time.
 #
 # Usage: bash jobs/gpu_acceptance.sh [--dry-run] [--wheels DIR] [--logs DIR] [--budget SECONDS]
 #                                    [--lenet-iterations N] [--cifar-iterations N]
@@ -51,21 +52,29 @@ failed=()
 deadline=$((SECONDS + budget))
 
 RESERVE=15  # seconds kept back for the verdict
-# step NAME PERCENT COMMAND...: runs COMMAND for at most PERCENT % of the budget (less when less is left),
-# output to LOGS/NAME.log, its exit status (124: timed out) or "skipped" to LOGS/steps.tsv
+shares_left=100
+# step NAME PERCENT COMMAND...: runs COMMAND with output to LOGS/NAME.log and its exit status (124: timed
+# out) or "skipped" in LOGS/steps.tsv, for at most its share of the time left: PERCENT of the budget when
+# every earlier step took all of its own (what the dry run prints), more when they finished early.
 step() {
-    local name=$1 seconds=$(( (budget - RESERVE) * $2 / 100 ))
+    local name=$1 share=$2
     shift 2
-    echo "+ [$name, at most ${seconds}s] $*"
-    [ "$dry_run" = 1 ] && return 0
+    local seconds=$(( (budget - RESERVE) * share / 100 ))
+    if [ "$dry_run" = 1 ]; then
+        echo "+ [$name, at most ${seconds}s] $*"
+        return 0
+    fi
     local left=$((deadline - SECONDS - RESERVE))
-    if [ "$left" -lt 10 ]; then
+    seconds=$(( left * share / shares_left ))
+    shares_left=$((shares_left - share))
+    [ "$seconds" -lt 5 ] && seconds=5  # a small share on a small budget still gets a chance
+    echo "+ [$name, at most ${seconds}s] $*"
+    if [ "$left" -lt "$seconds" ]; then
         echo "  $name: skipped, the ${budget} s budget is spent"
         printf '%s\tskipped\n' "$name" >>"$logs/steps.tsv"
         failed+=("$name")
         return 0
     fi
-    [ "$seconds" -gt "$left" ] && seconds=$left
     local start=$SECONDS
     timeout --kill-after=5 "$seconds" "$@" >"$logs/$name.log" 2>&1
     local rc=$?
@@ -113,16 +122,16 @@ train() {  # train NET SOLVER ITERATIONS RANKS SCHEDULE PERCENT
     step "train_${1}_np${4}_${5}" "$6" "${command[@]}"
 }
 
-step bounds 4 "$PY" -m perf.gpu_acceptance bounds
+step bounds 3 "$PY" -m perf.gpu_acceptance bounds
 for device in cupy cuda; do
     osu reduce "$device" 9
     osu allreduce "$device" 9
 done
-step gpu_tests 16 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+step gpu_tests 18 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 for device in cupy cuda; do
-    osu bcast "$device" 5
+    osu bcast "$device" 3
 done
-step mnist_lmdb 1 "$PY" -m scaffe convert mnist
+step mnist_lmdb 2 "$PY" -m scaffe convert mnist
 train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" 1 scaffe 3
 for ranks in 2 4; do
     for schedule in scaffe allreduce; do
@@ -132,7 +141,7 @@ done
 cifar_solver=examples/cifar10/cifar10_quick_solver.prototxt
 if [ ! -d examples/cifar10/cifar10_train_lmdb ]; then  # CIFAR-10 is not bundled: the digits drawn CIFAR-sized
     cifar_solver=$logs/cifar_digits/solver.prototxt
-    step cifar_digits 1 "$PY" -m perf.gpu_acceptance cifar-digits "$logs/cifar_digits" --iterations="$cifar_iterations"
+    step cifar_digits 2 "$PY" -m perf.gpu_acceptance cifar-digits "$logs/cifar_digits" --iterations="$cifar_iterations"
 fi
 for ranks in 1 2 4; do
     train cifar10_quick "$cifar_solver" "$cifar_iterations" "$ranks" scaffe 3
