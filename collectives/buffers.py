@@ -4,6 +4,11 @@
 of exactly the elements MPI would touch, plus what is needed to fall back to the wrapped
 communicator when we cannot handle it (derived datatypes, unknown type codes). Device buffers
 (collectives.device) become a flat device view instead, which the caller stages through host memory.
+
+A device buffer's `__cuda_array_interface__` may name the stream its producer's work was queued on. numba
+would synchronise that stream on the host when it makes the view (`as_cuda_array`'s default); the view is
+made without that wait instead, and the named stream becomes the caller's stream of the call (`named_stream`),
+which the call is then ordered after on the device.
 """
 import numpy
 from mpi4py import MPI
@@ -16,16 +21,17 @@ class Buffer:
     """A flat, contiguous numpy view of a message (`array`), or `array is None` when only MPI can handle it.
 
     For a device buffer, `device` is its flat device view and `array` is None until a host stand-in
-    is assigned.
+    is assigned; `stream` is the stream its `__cuda_array_interface__` names (a CUDA stream handle), else None.
     """
 
-    __slots__ = ("array", "spec", "device", "read_only")
+    __slots__ = ("array", "spec", "device", "read_only", "stream")
 
-    def __init__(self, array, spec, device_view=None, read_only=False):
+    def __init__(self, array, spec, device_view=None, read_only=False, stream=None):
         self.array = array
         self.spec = spec  # the argument exactly as the user gave it, for the native fallback
         self.device = device_view
         self.read_only = read_only
+        self.stream = stream
 
     @property
     def nbytes(self):
@@ -93,7 +99,20 @@ def _device_buffer(arg, obj, datatype, count, displ, what):
         raise CollectiveError(f"{what}: a device buffer of {numpy.dtype(flat.dtype)} cannot be read as "
                               f"{_datatype_name(datatype)}; pass a device array of the matching dtype")
     start, stop = _element_range(flat.size, count, displ, what)
-    return Buffer(None, arg, flat[start:stop], device.is_read_only(obj))
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    stream = None if interface is None else interface.get("stream")
+    return Buffer(None, arg, flat[start:stop], device.is_read_only(obj), stream)
+
+
+def named_stream(send, recv):
+    """The stream the exporters of a call's device buffers (`Buffer`s, or None) name, or None where none
+    names one: the caller's stream, when the call was not given one. Two different streams are an error:
+    the call would be ordered after only one of them."""
+    streams = {buf.stream for buf in (send, recv) if buf is not None and buf.stream is not None}
+    if len(streams) > 1:
+        raise CollectiveError(f"sendbuf and recvbuf name different CUDA streams ({', '.join(map(hex, sorted(streams)))}) "
+                              "in their __cuda_array_interface__; pass stream= to say which one the call follows")
+    return streams.pop() if streams else None
 
 
 def _split_spec(arg, what):

@@ -7,17 +7,19 @@ class Call:
     `send` is None for a Bcast (its buffer is `recv`), `recv` None on a Reduce rank that receives
     nothing. `staging` is set when device buffers stand behind the host views; `computed` is False when
     only native MPI can do the work (which, staged, it does on the host views rather than the user's buffers).
-    `device` is set when send and recv are device views that collectives.algorithms.device reduces directly.
+    `device` is set when send and recv are device views that collectives.algorithms.device reduces directly;
+    `stream` is then the stream their exporters name (collectives.buffers.named_stream), else None.
     """
 
-    __slots__ = ("kind", "send", "recv", "op", "op_name", "root", "dtype", "nbytes", "staging", "computed", "device")
+    __slots__ = ("kind", "send", "recv", "op", "op_name", "root", "dtype", "nbytes", "staging", "computed", "device",
+                 "stream")
 
-    def __init__(self, kind, send, recv, op, name, root, staging=None, computed=True, device=None):
+    def __init__(self, kind, send, recv, op, name, root, staging=None, computed=True, device=None, stream=None):
         self.kind, self.send, self.recv = kind, send, recv
         self.op, self.op_name, self.root = op, name, root
         message = send if send is not None else recv
         self.dtype, self.nbytes = message.dtype, message.nbytes
-        self.staging, self.computed, self.device = staging, computed, device
+        self.staging, self.computed, self.device, self.stream = staging, computed, device, stream
 
 
 class Plan:

@@ -13,7 +13,7 @@ from mpi4py import MPI
 from collectives import algorithms, settings, stall
 from collectives.algorithms import device as device_algorithm
 from collectives.algorithms.pipeline import ScratchPool
-from collectives.buffers import parse, writable
+from collectives.buffers import named_stream, parse, writable
 from collectives.call import Call, Plan
 from collectives.device import PinnedPool, Staging, synchronize
 from collectives.errors import CollectiveError, MismatchError, install_abort_hook
@@ -82,7 +82,8 @@ class Comm(MPI.Intracomm):
     The first collective call (or `alloc`) sets up the topology and shared memory; it is collective,
     like every call that uses it. Nonblocking calls run in order on one helper thread (progress does
     not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
-    `MPI.Request.Waitall` work as with any MPI request. Making one installs the abort hook
+    `MPI.Request.Waitall` work as with any MPI request; `Wait` and `Test` raise the error of a call that
+    failed (collectives.progress), and later calls still run. Making one installs the abort hook
     (`collectives.install_abort_hook`) unless SCAFFE_ABORT_ON_ERROR=0.
     """
 
@@ -261,7 +262,7 @@ class Comm(MPI.Intracomm):
         if call is None:
             return Plan(_nbytes(buf, recvbuf))
         if call.device is not None:
-            return Plan(call.nbytes, device_algorithm.start(self, call, stream))
+            return Plan(call.nbytes, device_algorithm.start(self, call, call.stream if stream is None else stream))
         synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         name = self._pick(call)
         if name == "native":
@@ -354,7 +355,7 @@ class Comm(MPI.Intracomm):
         if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array, op, name, root, staging, computed,
-                    device)
+                    device, None if device is None else named_stream(send, recv))
 
     def _reduction_buffers(self, kind, sendbuf, recvbuf, root):
         """The send and receive Buffers of a Reduce/Allreduce (one Buffer in place; recv None where this rank
@@ -403,7 +404,8 @@ class Comm(MPI.Intracomm):
             self._check_signature("bcast", target.array, MPI.OP_NULL, root)
         if target.array is None:
             return None
-        return Call("bcast", None, target.array, None, None, root, staging, device=device)
+        return Call("bcast", None, target.array, None, None, root, staging, device=device,
+                    stream=None if device is None else named_stream(None, target))
 
     def _check_signature(self, kind, array, op, root):
         """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise."""

@@ -2,7 +2,9 @@
 
 Every rank executes its collectives in the order it called them, which MPI requires anyway, so one
 FIFO thread per communicator keeps all ranks in step. A nonblocking call returns an `MPI.Grequest`
-that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own. A blocking call runs
+that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own; work that raises
+completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
+and the thread goes on with the next call. A blocking call runs
 right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
 pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
 runs it, when it starts running and when it has finished.
@@ -34,19 +36,20 @@ class Progress:
         if idle:
             reported(name, nbytes, work)
             return
-        done = threading.Event()
-        self._enqueue(work, name, nbytes, done.set)
+        done = QueuedCall()
+        self._enqueue(work, name, nbytes, done)
         done.wait()
 
     def submit(self, work, name, nbytes):
         """Start `work()` in the background; returns a request that completes when it has run."""
-        request = MPI.Grequest.Start()
         if not self.threaded:
             # Without MPI_THREAD_MULTIPLE a helper thread may not call MPI: run now, complete at once.
             reported(name, nbytes, work)
+            request = MPI.Grequest.Start()
             request.Complete()
             return request
-        self._enqueue(work, name, nbytes, request.Complete)
+        request = Request.started()
+        self._enqueue(work, name, nbytes, request)
         return request
 
     def follow(self, native_request, name, nbytes):
@@ -57,14 +60,14 @@ class Progress:
             return native_request
         return self.submit(native_request.Wait, name, nbytes)
 
-    def _enqueue(self, work, name, nbytes, on_done):
+    def _enqueue(self, work, name, nbytes, completion):
         with self._lock:
             self._pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, args=(current_device(),), name="scaffe-progress",
                                                 daemon=True)
                 self._thread.start()
-        self._queue.put((work, name, nbytes, on_done))
+        self._queue.put((work, name, nbytes, completion))
 
     def _loop(self, device):
         use_device(device)
@@ -72,17 +75,89 @@ class Progress:
             item = self._queue.get()
             if item is None:
                 return
-            work, name, nbytes, on_done = item
-            reported(name, nbytes, work)  # an exception here reaches threading.excepthook: the abort hook ends the job
+            work, name, nbytes, completion = item
+            error = None
+            try:
+                reported(name, nbytes, work)
+            except BaseException as raised:  # the caller raises it where it waits for this call
+                error = raised
             with self._lock:
                 self._pending -= 1
-            on_done()
+            completion.finish(error)
 
     def stop(self):
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+
+
+class QueuedCall:
+    """What a blocking call queued behind nonblocking ones waits on: `wait()` raises the error of its work."""
+    __slots__ = ("_done", "_error")
+
+    def __init__(self):
+        self._done = threading.Event()
+        self._error = None
+
+    def finish(self, error):
+        self._error = error
+        self._done.set()
+
+    def wait(self):
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+class Request(MPI.Grequest):
+    """A nonblocking call's request: MPI's generalized request, so that `Waitall`/`Testall` take it, whose
+    `Wait`/`Test` raise the error its work raised. `Waitall` can report one only as an MPI error code: it
+    raises MPI's error, and mpi4py prints the work's traceback."""
+
+    def __init__(self, request=None):  # mpi4py's __new__ takes over `request`'s handle
+        self.error = None
+        self._raising = False  # inside our own Wait/Test, which raise `error` themselves
+
+    @classmethod
+    def started(cls):
+        request = None
+
+        def query(status):
+            if request.error is not None and not request._raising:
+                raise request.error
+
+        request = cls(MPI.Grequest.Start(query))
+        return request
+
+    def finish(self, error):
+        """Complete the request (in the progress thread), with `error` if the work raised."""
+        self.error = error
+        self.Complete()
+
+    def Wait(self, status=None):
+        self._raising = True
+        try:
+            super().Wait(status)
+        finally:
+            self._raising = False
+        self._raise_error()
+        return True
+
+    def Test(self, status=None):
+        self._raising = True
+        try:
+            done = super().Test(status)
+        finally:
+            self._raising = False
+        if done:
+            self._raise_error()
+        return done
+
+    def _raise_error(self):
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
 def current_device():

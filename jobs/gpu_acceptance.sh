@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# Issue 18's GPU acceptance in one command, about 10 minutes on one GPU (an H100 or H200):
+# The GPU acceptance of issues 18, 22 and 25 in one command on one GPU (an H100 or H200), about 8 minutes:
 #   1. installs what the machine lacks (mpich, mpi4py, lmdb, protobuf) from wheels carried along
 #      (made here by jobs/fetch_gpu_wheels.sh), beside the image's own packages;
-#   2. the compile check and the `gpu`-marked tests;
-#   3. the device bounds: one fused kernel summing four 64 MiB buffers, device-to-device copy rates;
-#   4. OSU Reduce, Allreduce, Bcast with 4 ranks sharing the GPU, numba (-d cuda) and cupy (-d cupy)
-#      buffers, staged and scaffe side by side (--impl both), 4 B to 256 MiB;
-#   5. LeNet trained on the GPU with 1 rank, and 2 and 4 ranks sharing it under both schedules;
-#   6. ms/iter of LeNet b64, cifar10_quick b100 and AlexNet b128, scaffe and PyTorch eager (if installed);
-#   7. the verdict table against the acceptance lines (exit status 1 unless every line passes).
-# Every step logs to LOGS/<step>.log; a failed or timed-out step is reported and the rest still run.
-# The steps share one time budget (default 570 s), so the verdict is printed inside a 10-minute limit:
-# a step gets what is left of it, one that would get under 15 s is skipped (its verdict lines: MISSING).
-# OSU Bcast, which no acceptance line reads, runs last.
+#   2. the device bounds: fused 4-input Reduce and Allreduce kernels, device-to-device copy rates;
+#   3. OSU Reduce and Allreduce with 4 ranks sharing the GPU, cupy (-d cupy) and numba (-d cuda) buffers,
+#      staged and scaffe side by side (--impl both), 4 B to 256 MiB;
+#   4. the `gpu`-marked tests;
+#   5. OSU Bcast, the same way;
+#   6. LeNet trained on the GPU with 1, 2 and 4 ranks sharing it (both schedules), then cifar10_quick with
+#      1, 2 and 4 ranks, on CIFAR-10 where its LMDBs are on the machine (examples/cifar10/README.md), else
+#      on the bundled MNIST digits drawn as 3 x 32 x 32 images (`perf.gpu_acceptance cifar-digits`);
+#   7. ms/iter of scaffe and PyTorch eager (if installed) on the timed nets;
+#   8. the verdict table against the acceptance lines (exit status 1 unless every line passes).
+# The order is what the verdict needs most first. Every step logs to LOGS/<step>.log and its exit status to
+# LOGS/steps.tsv; a failed, timed-out or skipped step gives FAIL or MISSING rows and the rest still run.
+# Each step's limit is its share of one time budget (--budget, default 450 s; the shares add up to at most
+# the budget), of what is left of it when earlier steps finished early, so the verdict is always printed
+# in time.
 #
 # Usage: bash jobs/gpu_acceptance.sh [--dry-run] [--wheels DIR] [--logs DIR] [--budget SECONDS]
-#                                    [--lenet-iterations N]
-#   --dry-run  print the plan (every command) and run nothing; needs no GPU
+#                                    [--lenet-iterations N] [--cifar-iterations N]
+#   --dry-run  print the plan (every command with its limit) and run nothing; needs no GPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -24,8 +28,9 @@ REPO=$(pwd)
 dry_run=0
 wheels=.whl
 logs=/tmp/scaffe_gpu_acceptance
-lenet_iterations=2000
-budget=570
+lenet_iterations=500
+cifar_iterations=500
+budget=450
 while [ $# -gt 0 ]; do
     case "$1" in
         --dry-run) dry_run=1 ;;
@@ -33,6 +38,7 @@ while [ $# -gt 0 ]; do
         --logs) logs=$2; shift ;;
         --budget) budget=$2; shift ;;
         --lenet-iterations) lenet_iterations=$2; shift ;;
+        --cifar-iterations) cifar_iterations=$2; shift ;;
         *) echo "gpu_acceptance.sh: unknown argument $1 (see the usage at the top of the script)" >&2; exit 2 ;;
     esac
     shift
@@ -45,26 +51,38 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 failed=()
 deadline=$((SECONDS + budget))
 
-# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, output to LOGS/NAME.log
+RESERVE=15  # seconds kept back for the verdict
+shares_left=100
+# step NAME PERCENT COMMAND...: runs COMMAND with output to LOGS/NAME.log and its exit status (124: timed
+# out) or "skipped" in LOGS/steps.tsv, for at most its share of the time left: PERCENT of the budget when
+# every earlier step took all of its own (what the dry run prints), more when they finished early.
 step() {
-    local name=$1 seconds=$2
+    local name=$1 share=$2
     shift 2
+    local seconds=$(( (budget - RESERVE) * share / 100 ))
+    if [ "$dry_run" = 1 ]; then
+        echo "+ [$name, at most ${seconds}s] $*"
+        return 0
+    fi
+    local left=$((deadline - SECONDS - RESERVE))
+    seconds=$(( left * share / shares_left ))
+    shares_left=$((shares_left - share))
+    [ "$seconds" -lt 5 ] && seconds=5  # a small share on a small budget still gets a chance
     echo "+ [$name, at most ${seconds}s] $*"
-    [ "$dry_run" = 1 ] && return 0
-    local left=$((deadline - SECONDS - 15))  # kept back for the verdict
-    if [ "$left" -lt 15 ]; then
+    if [ "$left" -lt "$seconds" ]; then
         echo "  $name: skipped, the ${budget} s budget is spent"
+        printf '%s\tskipped\n' "$name" >>"$logs/steps.tsv"
         failed+=("$name")
         return 0
     fi
-    [ "$seconds" -gt "$left" ] && seconds=$left
     local start=$SECONDS
-    timeout --kill-after=10 "$seconds" "$@" >"$logs/$name.log" 2>&1
+    timeout --kill-after=5 "$seconds" "$@" >"$logs/$name.log" 2>&1
     local rc=$?
+    printf '%s\t%s\n' "$name" "$rc" >>"$logs/steps.tsv"
     echo "  $name: exit $rc after $((SECONDS - start)) s"
     if [ "$rc" != 0 ]; then
         failed+=("$name")
-        tail -n 15 "$logs/$name.log" | sed 's/^/  | /'
+        tail -n 8 "$logs/$name.log" | sed 's/^/  | /'
     fi
 }
 
@@ -90,42 +108,52 @@ install_missing() {
 }
 
 mkdir -p "$logs"
+[ "$dry_run" = 1 ] || rm -f "$logs"/*.log "$logs/steps.tsv"  # a verdict reads this run's logs only
 install_missing
 [ "$dry_run" = 1 ] || { nvidia-smi; "$PY" -c "import cupy, mpi4py, lmdb; print('cupy', cupy.__version__)"; } \
     >"$logs/machine.log" 2>&1
 
-step compile_check 120 "$PY" -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_compile.py
-step gpu_tests 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
-step bounds 60 "$PY" -m perf.gpu_acceptance bounds
-
-osu() {
-    for device in cuda cupy; do
-        step "osu_${1}_${device}" 90 "$MPIEXEC" -n 4 "$PY" -m "perf.osu_$1" -d "$device" --impl both -m 4:268435456
-    done
+osu() {  # osu BENCH DEVICE PERCENT
+    step "osu_${1}_${2}" "$3" "$MPIEXEC" -n 4 "$PY" -m "perf.osu_$1" -d "$2" --impl both -m 4:268435456
 }
-osu reduce
-osu allreduce
+train() {  # train NET SOLVER ITERATIONS RANKS SCHEDULE PERCENT
+    local command=("$PY" -m scaffe train "--solver=$2" --gpu=0 "--iterations=$3")
+    [ "$4" = 1 ] || command=("$MPIEXEC" -n "$4" "${command[@]}" "--schedule=$5")
+    step "train_${1}_np${4}_${5}" "$6" "${command[@]}"
+}
 
-step mnist_lmdb 60 "$PY" -m scaffe convert mnist
-train="-m scaffe train --solver=examples/mnist/lenet_solver.prototxt --gpu=0 --iterations=$lenet_iterations"
-# shellcheck disable=SC2086  # $train is a list of words
-step train_lenet_np1_scaffe 120 "$PY" $train
+step bounds 3 "$PY" -m perf.gpu_acceptance bounds
+for device in cupy cuda; do
+    osu reduce "$device" 9
+    osu allreduce "$device" 9
+done
+step gpu_tests 18 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+for device in cupy cuda; do
+    osu bcast "$device" 3
+done
+step mnist_lmdb 2 "$PY" -m scaffe convert mnist
+train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" 1 scaffe 3
 for ranks in 2 4; do
     for schedule in scaffe allreduce; do
-        # shellcheck disable=SC2086
-        step "train_lenet_np${ranks}_${schedule}" 120 "$MPIEXEC" -n "$ranks" "$PY" $train --schedule="$schedule"
+        train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" "$ranks" "$schedule" 3
     done
 done
-
-step time_scaffe 150 "$PY" -m perf.gpu_acceptance scaffe-time
+cifar_solver=examples/cifar10/cifar10_quick_solver.prototxt
+if [ ! -d examples/cifar10/cifar10_train_lmdb ]; then  # CIFAR-10 is not bundled: the digits drawn CIFAR-sized
+    cifar_solver=$logs/cifar_digits/solver.prototxt
+    step cifar_digits 2 "$PY" -m perf.gpu_acceptance cifar-digits "$logs/cifar_digits" --iterations="$cifar_iterations"
+fi
+for ranks in 1 2 4; do
+    train cifar10_quick "$cifar_solver" "$cifar_iterations" "$ranks" scaffe 3
+done
+step time_scaffe 4 "$PY" -m perf.gpu_acceptance scaffe-time
 if [ "$dry_run" = 1 ] || "$PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    step time_torch 120 "$PY" -m perf.torch_twins
+    step time_torch 4 "$PY" -m perf.torch_twins
 else
     echo "  (PyTorch with CUDA is not installed: no time_torch; its verdict lines read MISSING)"
 fi
-osu bcast
 
 echo "+ [verdict] $PY -m perf.gpu_acceptance verdict $logs"
 [ "$dry_run" = 1 ] && exit 0
-[ ${#failed[@]} = 0 ] || echo "steps that failed or timed out: ${failed[*]}"
+[ ${#failed[@]} = 0 ] || echo "steps that failed, timed out or were skipped: ${failed[*]}"
 "$PY" -m perf.gpu_acceptance verdict "$logs"

@@ -57,9 +57,10 @@ def elementwise_name(base, dtype):
     return f"{base}_{numpy.dtype(dtype).name}"
 
 
-def register_elementwise(base, params, body, dtypes=tuple(_C_TYPES)):
+def register_elementwise(base, params, body, dtypes=tuple(_C_TYPES), options=()):
     """One kernel per dtype, named by `elementwise_name`: `body` runs once per index `i` of [0, total)
-    (a grid-stride loop), with T the dtype's C type; launch it with `launch_elementwise`."""
+    (a grid-stride loop), with T the dtype's C type, compiled with NVRTC `options`; launch it with
+    `launch_elementwise`."""
     ELEMENTWISE[base] = tuple(map(numpy.dtype, dtypes))
     for dtype in ELEMENTWISE[base]:
         c_type = _C_TYPES[dtype]
@@ -70,7 +71,7 @@ def register_elementwise(base, params, body, dtypes=tuple(_C_TYPES)):
                 f"{body}\n"
                 "    }\n"
                 "}\n")
-        register(CudaSource(elementwise_name(base, dtype), code))
+        register(CudaSource(elementwise_name(base, dtype), code, options))
 
 
 _CONV = ("int n_img, int channels, int height, int width, int kh, int kw, int ph, int pw, int sh, int sw, "
@@ -204,6 +205,11 @@ register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* dx
 # per-blob pipeline of scaffe.solvers.sgd in its order: scale the gradient (1/iter_size, a schedule's 1/P),
 # add the weight decay (L2, or L1 with l1), turn it into the solver's step with the blob's lr_mult (h0, h1:
 # the solver's history), keep the step in diff and subtract it from data.
+# Compiled so that every operation rounds as numpy's float32 does: no a * b + c contracted into one fused
+# multiply-add, IEEE division and square root, no flushing of subnormals. The kernels then compute bit for
+# bit what the per-blob pipeline computes from the same gradients; with contraction, AdaGrad, RMSProp,
+# AdaDelta and Adam, which divide by the gradient's own size, differ by up to 1e-3 relative at small values.
+_IEEE_ROUNDING = ("--fmad=false", "--prec-div=true", "--prec-sqrt=true", "--ftz=false")
 _UPDATE = ("T* data, T* diff, const T* lr_mult, const T* decay_mult, float rate, float grad_scale, "
            "float weight_decay, int l1")
 _UPDATE_PROLOGUE = """
@@ -222,7 +228,7 @@ _UPDATE_EPILOGUE = """
 def _register_update(base, scalars, histories, body):
     params = (_UPDATE + "".join(f", float {scalar}" for scalar in scalars)
               + "".join(f", T* {history}" for history in histories))
-    register_elementwise(base, params, _UPDATE_PROLOGUE + body + _UPDATE_EPILOGUE)
+    register_elementwise(base, params, _UPDATE_PROLOGUE + body + _UPDATE_EPILOGUE, options=_IEEE_ROUNDING)
 
 
 _register_update("scaffe_sgd_update", ("momentum",), ("h0",), """
@@ -255,14 +261,29 @@ _register_update("scaffe_adam_update", ("beta1", "beta2", "correction", "delta")
         const T step = (local_rate * (T)correction) * (m / (sqrt(v) + (T)delta));""")
 
 
-# The one-kernel bound of the GPU acceptance (perf/gpu_acceptance.py): the least a 4-rank float32 Reduce
-# on one GPU can cost is one pass that reads four buffers and writes one.
+# The one-kernel bounds of the GPU acceptance (perf/gpu_acceptance.py): the least a 4-rank float32 Reduce
+# on one GPU can cost is one pass that reads four buffers and writes one; an Allreduce, one pass that reads
+# four and writes the sum to all four.
 register(CudaSource("scaffe_bound_sum4_float32", """
 extern "C" __global__ void scaffe_bound_sum4_float32(const float* a, const float* b, const float* c,
                                                      const float* d, float* out, long long total) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
          i += (long long)blockDim.x * gridDim.x)
         out[i] = ((a[i] + b[i]) + c[i]) + d[i];
+}
+"""))
+register(CudaSource("scaffe_bound_allreduce4_float32", """
+extern "C" __global__ void scaffe_bound_allreduce4_float32(const float* a, const float* b, const float* c,
+                                                          const float* d, float* out_a, float* out_b,
+                                                          float* out_c, float* out_d, long long total) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        const float sum = ((a[i] + b[i]) + c[i]) + d[i];
+        out_a[i] = sum;
+        out_b[i] = sum;
+        out_c[i] = sum;
+        out_d[i] = sum;
+    }
 }
 """))
 

@@ -17,7 +17,9 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 
 
 def as_device_array(obj):
-    """A numba device-array view of `obj`'s device memory, without a copy."""
+    """A numba device-array view of `obj`'s device memory, without a copy and without waiting for the stream
+    its `__cuda_array_interface__` names (numba's default blocks the host on it): the view keeps that stream,
+    and the caller orders its own work after it."""
     if SIMULATED and not hasattr(obj, "__cuda_array_interface__"):
         return obj
-    return cuda.as_cuda_array(obj)
+    return cuda.as_cuda_array(obj, sync=False)

@@ -106,3 +106,65 @@ def test_staged_copies_land_before_the_host_and_the_stream_read_them():
         numpy.testing.assert_array_equal(seen[0], numpy.arange(size) + round_)
         numpy.testing.assert_array_equal(target.read(), (numpy.arange(size) + round_) * 2)
         reuse.release()
+
+
+class Exported:
+    """A producer's device buffer as `__cuda_array_interface__` v3 describes it, naming the stream its work is on."""
+
+    def __init__(self, host, stream):
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": host.shape, "typestr": host.dtype.str, "version": 3,
+                                         "data": (host.ctypes.data, False), "stream": stream}
+
+
+def test_a_named_stream_is_not_waited_for_but_becomes_the_callers(monkeypatch):
+    """numba's as_cuda_array would block the host on the named stream (sync=True, its default); the view is
+    made without that wait (on a GPU numba keeps the stream as the view's, and staged copies go there), and
+    the Buffer carries the handle for the call."""
+    import collectives.device
+    import kernels.numba_cuda as numba_cuda
+    late = LateStream(seed=3)
+    asked = []
+
+    def as_cuda_array(obj, sync=True):  # numba's conversion on a GPU: a view on the named stream
+        asked.append(sync)
+        return StreamedArray(obj.host, stream=late)
+
+    monkeypatch.setattr(collectives.device.cuda_driver, "is_device_memory", lambda pointer: True)
+    monkeypatch.setattr(numba_cuda, "SIMULATED", False)
+    monkeypatch.setattr(numba_cuda.cuda, "as_cuda_array", as_cuda_array, raising=False)
+    exported = Exported(numpy.arange(8, dtype=numpy.float32), stream=0x5150)
+    buf = parse([exported, (2, 4), MPI.FLOAT])
+    assert asked == [False]
+    assert buf.stream == 0x5150
+    numpy.testing.assert_array_equal(buf.device.copy_to_host(), [4, 5])
+
+
+def test_the_callers_stream_is_the_one_the_buffers_name():
+    from collectives.buffers import named_stream
+
+    def named(stream):
+        return Buffer(None, None, stream=stream)
+
+    assert named_stream(named(None), None) is None
+    assert named_stream(named(7), named(None)) == 7 and named_stream(named(None), named(7)) == 7
+    assert named_stream(named(7), named(7)) == 7
+    with pytest.raises(CollectiveError, match=r"different CUDA streams \(0x7, 0x9\).*pass stream="):
+        named_stream(named(9), named(7))
+
+
+@pytest.mark.gpu
+def test_cupy_buffers_on_a_busy_stream_are_viewed_without_waiting_and_the_call_follows_it():
+    import cupy
+
+    import collectives
+    comm = collectives.Comm(MPI.COMM_WORLD)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        big = cupy.ones((8192, 8192), dtype=cupy.float32)
+        send = (big @ big)[0, :1024] / 8192  # tens of milliseconds of work ahead of the data, all ones
+        assert parse(send).stream == stream.ptr
+        assert not stream.done, "viewing the buffer waited for its stream"
+        recv = cupy.zeros_like(send)
+        comm.Allreduce(send, recv)  # no stream= given: the call follows the one the buffers name
+        numpy.testing.assert_array_equal(cupy.asnumpy(recv), numpy.full(1024, comm.Get_size(), numpy.float32))

@@ -32,7 +32,7 @@ def needed(module):
 
 
 def nvrtc_compile(source, arch):
-    """(result code, log, cubin) of compiling `source` for sm_<arch> through NVRTC."""
+    """(result code, log, cubin, PTX) of compiling `source` for sm_<arch> through NVRTC."""
     nvrtc = needed("cuda.bindings.nvrtc")
     err, program = nvrtc.nvrtcCreateProgram(source.code.encode(), f"{source.name}.cu".encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
@@ -43,12 +43,16 @@ def nvrtc_compile(source, arch):
         # NVRTC writes into these: fresh bytearrays, never bytes (b" " * 1 is the interpreter's shared b" ").
         log = bytearray(log_size)
         nvrtc.nvrtcGetProgramLog(program, log)
-        cubin = bytearray()
+        cubin, ptx = bytearray(), bytearray()
         if result == nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _, cubin_size = nvrtc.nvrtcGetCUBINSize(program)
             cubin = bytearray(cubin_size)
             nvrtc.nvrtcGetCUBIN(program, cubin)
-        return result, bytes(log).rstrip(b"\0").decode(errors="replace"), bytes(cubin)
+            _, ptx_size = nvrtc.nvrtcGetPTXSize(program)
+            ptx = bytearray(ptx_size)
+            nvrtc.nvrtcGetPTX(program, ptx)
+        text = bytes(log).rstrip(b"\0").decode(errors="replace")
+        return result, text, bytes(cubin), bytes(ptx).rstrip(b"\0").decode(errors="replace")
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
@@ -57,17 +61,34 @@ def nvrtc_compile(source, arch):
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_cuda_c_source_compiles_to_a_cubin_without_warnings(name, arch):
     nvrtc = needed("cuda.bindings.nvrtc")
-    result, log, cubin = nvrtc_compile(SOURCES[name], arch)
+    result, log, cubin, _ = nvrtc_compile(SOURCES[name], arch)
     assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name} for sm_{arch}:\n{log}"
     assert "warning" not in log, f"{name} for sm_{arch}:\n{log}"
     assert cubin.startswith(b"\x7fELF") and len(cubin) > 1000
+
+
+UPDATES = sorted(name for name in SOURCES if re.fullmatch(r"scaffe_\w+_update_float(32|64)", name))
+
+
+@pytest.mark.parametrize("name", UPDATES)
+def test_solver_updates_round_every_operation_as_numpy_does(name):
+    """No fused multiply-add (NVRTC contracts a * b + c by default), IEEE-rounded division and square root,
+    subnormals kept: the kernels then equal the per-blob pipeline bit for bit (tests/scaffe/test_gpu_training)."""
+    assert len(UPDATES) == 12
+    _, log, _, ptx = nvrtc_compile(SOURCES[name], 90)
+    floating = {i for i in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z]+(?:\.[a-z0-9]+)*)", ptx, re.MULTILINE)
+                if i.endswith((".f32", ".f64"))}
+    assert not [i for i in floating if i.startswith("fma.")], f"{name} contracts into fused multiply-adds"
+    assert not [i for i in floating if ".ftz" in i or ".approx" in i or i.startswith(("rsqrt.", "rcp."))], floating
+    assert {i for i in floating if i.startswith(("div.", "sqrt."))} <= {"div.rn.f32", "sqrt.rn.f32", "div.rn.f64",
+                                                                       "sqrt.rn.f64"}, floating
 
 
 def test_a_broken_source_fails_with_its_log():
     nvrtc = needed("cuda.bindings.nvrtc")
     broken = SOURCES["scaffe_im2col_float32"]
     broken = type(broken)(broken.name, broken.code.replace("col[i] =", "col[i] = undeclared +"))
-    result, log, _ = nvrtc_compile(broken, 90)
+    result, log, _, _ = nvrtc_compile(broken, 90)
     assert result != nvrtc.nvrtcResult.NVRTC_SUCCESS and "undeclared" in log
 
 
@@ -106,7 +127,7 @@ def test_every_cupy_kernel_is_built_from_the_registry():
 
 
 LAUNCHED = sorted([elementwise_name(base, d) for base, dtypes in ELEMENTWISE.items() for d in dtypes]
-                  + ["scaffe_bound_sum4_float32"])  # the kernels `launch` runs
+                  + ["scaffe_bound_sum4_float32", "scaffe_bound_allreduce4_float32"])  # the kernels `launch` runs
 
 
 @pytest.mark.parametrize("name", LAUNCHED)

@@ -1,0 +1,66 @@
+"""The progress thread survives work that raises: the call's request carries the error, later calls run."""
+import time
+
+import pytest
+from mpi4py import MPI
+
+from collectives.events import Name
+from collectives.progress import Progress
+
+NAMES = {name: Name(name, comm=0) for name in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")}
+
+
+def failing():
+    raise ValueError("deliberate failure in the progress thread")
+
+
+def wait(request, seconds=10.0):
+    """`request.Wait()` by polling `Test`, failing the test where the request never completes."""
+    deadline = time.monotonic() + seconds
+    while not request.Test():
+        if time.monotonic() > deadline:
+            pytest.fail("the request never completed: the progress thread is gone")
+        time.sleep(1e-3)
+
+
+@pytest.fixture
+def progress():
+    progress = Progress(threaded=True)
+    yield progress
+    progress.stop()
+
+
+def test_a_failed_call_raises_at_wait_and_later_calls_still_run(progress):
+    ran = []
+    failed = progress.submit(failing, NAMES["Iallreduce"], 8)
+    with pytest.raises(ValueError, match="deliberate failure"):
+        wait(failed)  # before the fix it never completed
+    failed.Wait()  # done: its error was raised once
+    assert failed == MPI.REQUEST_NULL
+    later = [progress.submit(lambda i=i: ran.append(i), NAMES["Iallreduce"], 8) for i in range(3)]
+    for request in later:
+        wait(request)
+    progress.run(lambda: ran.append("blocking"), NAMES["Allreduce"], 8)
+    assert ran == [0, 1, 2, "blocking"]
+
+
+@pytest.mark.timeout(30)  # before the fix the blocking call waited behind a dead thread forever
+def test_test_raises_once_done_and_a_queued_blocking_call_raises_only_its_own_error(progress):
+    failed = progress.submit(failing, NAMES["Ibcast"], 8)
+    progress.run(lambda: None, NAMES["Bcast"], 8)  # behind the failed one, which does not fail it
+    with pytest.raises(ValueError, match="deliberate failure"):
+        wait(failed)
+    assert failed.Test()  # a finished request stays finished, its error raised once
+    progress.submit(lambda: None, NAMES["Ibcast"], 8)
+    with pytest.raises(ValueError, match="deliberate failure"):
+        progress.run(failing, NAMES["Bcast"], 8)  # queued behind the pending Ibcast: raised in the caller
+
+
+def test_waitall_reports_a_failed_call_as_an_mpi_error(progress):
+    name = NAMES["Iallreduce"]
+    requests = [progress.submit(failing, name, 8), progress.submit(lambda: None, name, 8)]
+    wait(requests[1])  # both done: Waitall does not wait for a dead thread
+    with pytest.raises(MPI.Exception):
+        MPI.Request.Waitall(requests)
+    assert all(request == MPI.REQUEST_NULL for request in requests)
+    progress.run(lambda: None, NAMES["Allreduce"], 8)
