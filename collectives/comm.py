@@ -43,6 +43,15 @@ def _nbytes(buf, recvbuf):
     return 0 if parsed is None or parsed.array is None else parsed.array.nbytes
 
 
+# How a call's buffers are handled, in SCAFFE_CHECK's signature: host memory, device memory copied through
+# the host, device memory reduced on the devices.
+_PATHS = ("host", "staged", "direct")
+
+
+def _path(device, staging):
+    return 2 if device is not None else 1 if staging is not None else 0
+
+
 def _user_args(kind, buf, recvbuf, op, root):
     """The wrapped MPI method's arguments as the user passed them: Reduce's four, Allreduce's three, Bcast's two."""
     if kind == "reduce":
@@ -199,6 +208,11 @@ class Comm(MPI.Intracomm):
         user's call in the shape all kinds share (a Bcast's buffer is `buf`; see _user_args)."""
         lanes = self._lanes
         lane = (lanes if lanes is not None else self._setup())[native]
+        device_seen = lane.device_seen
+        if device_seen is not None and device_seen.matches(buf, recvbuf, op, root):
+            # The same device buffers again: this rank's part of the call, as last time (latency.DeviceSeen).
+            return self._execute(lane, native, None, Plan(device_seen.nbytes, device_seen.local.start(stream)),
+                                 with_label(lane.event_name))
         seen = lane.seen
         if seen is not None:
             # Seen's record compared inline (a method call is a measurable part of this path); the type is
@@ -261,7 +275,11 @@ class Comm(MPI.Intracomm):
         if call is None:
             return Plan(_nbytes(buf, recvbuf))
         if call.device is not None:
-            return Plan(call.nbytes, device_algorithm.start(self, call, stream))
+            local = device_algorithm.local_call(self, call)
+            if local is None:
+                return Plan(call.nbytes, device_algorithm.start(self, call, stream))
+            lane.device_called(local, buf, recvbuf, call.op, call.root, call.nbytes)
+            return Plan(call.nbytes, local.start(stream))
         synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         name = self._pick(call)
         if name == "native":
@@ -350,7 +368,7 @@ class Comm(MPI.Intracomm):
         name = op_name(op)
         computed = _computes(name, send, recv)
         if self.check:
-            self._check_signature(kind, send.array if computed else None, op, root)
+            self._check_signature(kind, send.array if computed else None, op, root, _path(device, staging))
         if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array, op, name, root, staging, computed,
@@ -400,23 +418,27 @@ class Comm(MPI.Intracomm):
             staging = Staging(self.pinned)
             target.array = staging.host(target.device, copy_in=not receives, copy_out=receives)
         if self.check:
-            self._check_signature("bcast", target.array, MPI.OP_NULL, root)
+            self._check_signature("bcast", target.array, MPI.OP_NULL, root, _path(device, staging))
         if target.array is None:
             return None
         return Call("bcast", None, target.array, None, None, root, staging, device=device)
 
-    def _check_signature(self, kind, array, op, root):
-        """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise."""
+    def _check_signature(self, kind, array, op, root, path):
+        """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise. `path` is
+        the index in _PATHS of how this rank's buffers are handled: ranks of one node that mix them wait
+        for each other in different places."""
         count = -1 if array is None else array.shape[0]
         dtype = -1 if array is None else array.dtype.num
-        mine = numpy.array([count, dtype, op.py2f(), root], dtype=numpy.int64)
+        mine = numpy.array([count, dtype, op.py2f(), root, path], dtype=numpy.int64)
         both = numpy.concatenate([mine, -mine])
         extremes = numpy.empty_like(both)
         # Reported like a collective: a rank missing from this one would otherwise hang unseen.
         reported(self._signature_check, both.nbytes, self.private.Allreduce, both, extremes, MPI.MAX)
-        highest, lowest = extremes[:4], -extremes[4:]
+        fields = ["count", "dtype", "op", "root", "path"]
+        highest, lowest = extremes[:len(fields)], -extremes[len(fields):]
         if (highest != lowest).any():
-            fields = ["count", "dtype", "op", "root"]
-            differ = [f"{fields[i]} ({lowest[i]}..{highest[i]})" for i in range(4) if highest[i] != lowest[i]]
+            differ = [f"{fields[i]} ({_PATHS[lowest[i]]}..{_PATHS[highest[i]]})" if fields[i] == "path"
+                      else f"{fields[i]} ({lowest[i]}..{highest[i]})"
+                      for i in range(len(fields)) if highest[i] != lowest[i]]
             raise MismatchError(f"{kind}: ranks disagree on {', '.join(differ)}; "
                                 f"this rank passed count={count}, dtype={array.dtype if array is not None else '?'}")
