@@ -96,15 +96,17 @@ class Comm(MPI.Intracomm):
     """
 
     _lanes = None  # the Lane of each wrapped MPI method, once set up
+    _device_path = None  # "direct" or "staged" as the constructor was told; None: SCAFFE_DEVICE_PATH's
 
-    def __new__(cls, comm=None):
+    def __new__(cls, comm=None, device_path=None):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm.Is_inter():
             raise TypeError("collectives.Comm wraps an intracommunicator; "
                             "use the intercommunicator's own methods for intercommunicators")
         return super().__new__(cls, comm)
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, device_path=None):
+        self._device_path = settings.checked_device_path(device_path) if device_path is not None else None
         if settings.abort_on_error():
             install_abort_hook()  # else one rank's uncaught error leaves the others in a collective forever
 
@@ -120,7 +122,8 @@ class Comm(MPI.Intracomm):
         self.shm = SharedWindows(node_comm)
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
-        self.device_ipc = NodeIpc(node_comm) if settings.device_path() == "direct" else None
+        device_path = self._device_path or settings.device_path()
+        self.device_ipc = NodeIpc(node_comm) if device_path == "direct" else None
         self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
@@ -181,7 +184,7 @@ class Comm(MPI.Intracomm):
         MPI.Intracomm.Free(self)
 
     def Dup(self, *args, **kwargs):
-        return Comm(MPI.Intracomm.Dup(self, *args, **kwargs))
+        return Comm(MPI.Intracomm.Dup(self, *args, **kwargs), device_path=self._device_path)
 
     # -- the overrides: mpi4py's signatures; each names the wrapped MPI's method it stands in for -------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):

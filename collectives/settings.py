@@ -31,7 +31,8 @@ SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers
                                                                   host memory and back around the host path
                                                                   (device_path)
 
-scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log.
+scaffe's own SCAFFE_LOG_LEVEL is read by scaffe.log; MVAPICH2-GDR's MV2_USE_CUDA is read here too
+(mvapich_cuda), as a sign of a CUDA-aware MPI library.
 """
 import math
 import os
@@ -90,6 +91,11 @@ def cuda_aware_override():
     return switch("SCAFFE_CUDA_AWARE", None)
 
 
+def mvapich_cuda():
+    """MVAPICH2-GDR's own MV2_USE_CUDA=1: the library was told to take device buffers."""
+    return os.environ.get("MV2_USE_CUDA") == "1"
+
+
 def abort_on_error():
     """SCAFFE_ABORT_ON_ERROR: whether making a Comm installs the abort hook (`collectives.install_abort_hook`)."""
     return switch("SCAFFE_ABORT_ON_ERROR", True)
@@ -97,9 +103,14 @@ def abort_on_error():
 
 def device_path():
     """SCAFFE_DEVICE_PATH, lower-cased: "direct" or "staged"."""
-    path = os.environ.get("SCAFFE_DEVICE_PATH", "").strip().lower() or "direct"
+    return checked_device_path(os.environ.get("SCAFFE_DEVICE_PATH", "").strip().lower() or "direct",
+                               "SCAFFE_DEVICE_PATH")
+
+
+def checked_device_path(path, what="device_path"):
+    """`path` if it names a device path ("direct" or "staged"), else a ValueError naming `what`."""
     if path not in ("direct", "staged"):
-        raise ValueError(f"SCAFFE_DEVICE_PATH must be direct or staged, got {path!r}")
+        raise ValueError(f"{what} must be direct or staged, got {path!r}")
     return path
 
 

@@ -31,15 +31,13 @@ import os
 import numpy
 from mpi4py import MPI
 
-from collectives import settings
+from collectives import ops, settings
 from collectives.devices import HANDLE_BYTES, peers
 from collectives.errors import CollectiveError
 from collectives.intranode.wait import wait_for_column
 
 KINDS = ("reduce", "allreduce", "bcast")
-_OP_CODES = {name: code for code, name in enumerate(
-    ("sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"))}
-_NO_OP = -1
+_NO_OP = -1  # a Bcast's op code
 _ALIGN_BYTES = 256  # slices start on this boundary: whole cache lines and aligned vector loads
 _ERROR_BYTES = 240
 _PLANS_KEPT = 16  # plans per communicator: a training step's few buffers, each in a call or two
@@ -101,7 +99,7 @@ class LocalCall:
         record = self.record = numpy.zeros((), dtype=_RECORD)
         some = send if send is not None else recv
         record["call_id"], record["kind"], record["op"], record["root"] = self.id, KINDS.index(kind), \
-            _OP_CODES.get(op, _NO_OP), root
+            _NO_OP if op is None else ops.NAMES.index(op), root
         record["dtype"], record["count"], record["device"] = numpy.dtype(some.dtype).num, some.size, device.key
         record["pid"] = os.getpid()  # names the exporter of the bases below in the registration cache
         try:
@@ -246,7 +244,7 @@ class NodeIpc:
             outputs = [view for view in outputs if view is not inputs[0]]  # one rank in place: nothing to do
         if hi <= lo or not outputs:
             return None
-        op = "copy" if len(inputs) == 1 else _op_name(int(record["op"]))
+        op = "copy" if len(inputs) == 1 else ops.NAMES[int(record["op"])]
         return local.state.device.prepare_reduce([view[lo:hi] for view in outputs],
                                                  [view[lo:hi] for view in inputs], op)
 
@@ -269,13 +267,6 @@ class NodeIpc:
         if kind == "reduce":
             return inputs, [view(root, "recv")]
         return inputs, [view(rank, "recv") for rank in everyone]
-
-
-def _op_name(code):
-    for name, number in _OP_CODES.items():
-        if number == code:
-            return name
-    raise CollectiveError(f"unknown op code {code} in a device call record")
 
 
 def _disagreement(records):

@@ -34,6 +34,11 @@ def test_staged_setting_copies_through_the_host():
     run_ok(2, "device_ipc.py", "--expect", "staged", *SOME, env={"SCAFFE_DEVICE_PATH": "staged"}, timeout=120)
 
 
+def test_a_comm_argument_picks_the_staged_path_over_the_setting():
+    run_ok(2, "device_ipc.py", "--expect", "staged", "--path-argument", "--ops", "sum", "--dtypes", "float32",
+           env={"SCAFFE_DEVICE_PATH": "direct"}, timeout=120)
+
+
 @pytest.mark.parametrize("ranks,gpus,forget", [
     (2, "shared", "caller"), (4, "distinct", "caller"), (2, "pairs", "done"), (4, "shared", "done"),
 ])
@@ -190,3 +195,26 @@ def test_the_kernel_has_exactly_the_ops_mpi_defines():
             else:
                 with pytest.raises(ValueError, match="no kernel for"):
                     _reduce_raw.variant(op, dtype, 2, 1)
+
+
+# -- errors: the same one line on every local rank, never a hang -------------------------------------
+def test_a_rank_that_cannot_export_makes_every_rank_raise():
+    run_ok(2, "device_errors.py", "--mode", "export", timeout=60)
+
+
+def test_ranks_mixing_host_and_device_buffers_are_named_by_the_check():
+    run_ok(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_CHECK": 1}, timeout=60)
+
+
+def test_a_rank_that_never_joins_ends_the_wait_with_an_error():
+    job = launch(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_STALL_S": 4}, timeout=60)
+    assert not job.timed_out and job.returncode != 0, job.report()
+    assert "did not join" in job.stderr and "SCAFFE_DEVICE_PATH=staged" in job.stderr, job.report()
+
+
+def test_cupy_arrays_in_host_memory_are_refused_not_passed(cupy_stand_in):
+    """The numpy-backed cupy makes host arrays: --memory cupy must say so, not pass every case on the host
+    path (why the GPU run read "0 of 31 calls took the direct path": the worker imported this cupy)."""
+    job = launch(2, "device_ipc.py", "--memory", "cupy", *SOME, timeout=60)
+    assert not job.timed_out and job.returncode != 0, job.report()
+    assert "makes arrays in host memory" in job.stderr, job.report()

@@ -28,6 +28,7 @@ from mpi4py import MPI
 # one (it did, and --memory cupy then ran every case on host memory: "0 of 31 calls took the direct path").
 sys.path.append(str(Path(__file__).resolve().parents[2] / "stand_ins"))
 
+import collectives  # noqa: E402
 import cpu_device  # noqa: E402
 from collectives.devices import peers  # noqa: E402
 from worker_util import OPS, Worker, contribution, dtype_list, expected_reduction, op_list, valid  # noqa: E402
@@ -209,6 +210,8 @@ def main():
     parser.add_argument("--forget", choices=["caller", "done"])
     parser.add_argument("--expect", choices=["direct", "staged"], default="direct")
     parser.add_argument("--memory", choices=["stand-in", "cupy"], default="stand-in")
+    parser.add_argument("--path-argument", action="store_true",
+                        help="ask for the --expect path with Comm's device_path, not SCAFFE_DEVICE_PATH")
     parser.add_argument("--ops", default="all")
     parser.add_argument("--dtypes", default="all")
     args = parser.parse_args()
@@ -220,7 +223,7 @@ def main():
         device = ForgetfulDevice(args.forget, **options) if args.forget else cpu_device.CpuDevice(**options)
         cpu_device.register(device)
         memory = StandInMemory(device)
-    w = Worker()
+    w = Worker(collectives.Comm(MPI.COMM_WORLD, device_path=args.expect) if args.path_argument else None)
     direct = args.expect == "direct"
     w.check_true(bool(w.comm.describe()) and (w.comm.device_ipc is not None) == direct,
                  f"SCAFFE_DEVICE_PATH should have given the {args.expect} path")
