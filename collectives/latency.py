@@ -10,6 +10,7 @@ from `Lane.computed_call` (perf/RESULTS.md, "The Comm's own layers", has what ea
 import weakref
 
 import numpy
+from mpi4py import MPI
 
 from collectives import devices
 from collectives.call import Call
@@ -63,8 +64,9 @@ def _reference(obj):
 
 
 def fixed_memory(obj):
-    """Whether `obj`'s memory cannot change under it: cupy's and numba's device arrays, the registered kinds."""
-    if obj is None or type(obj).__module__.split(".")[0] in ("cupy", "numba", "numba_cuda"):
+    """Whether `obj`'s memory cannot change under it: cupy's and numba's device arrays, the registered kinds
+    (and no buffer at all: None, MPI.IN_PLACE)."""
+    if obj is None or obj is MPI.IN_PLACE or type(obj).__module__.split(".")[0] in ("cupy", "numba", "numba_cuda"):
         return True
     return devices.find_registered(obj) is not None
 

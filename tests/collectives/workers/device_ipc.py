@@ -182,6 +182,13 @@ class Runner:
             self.calls += 1
             w.check(memory.peek(recv), numpy.full(n, sum(time + r for r in range(w.size)), dtype), "result")
         w.check_true(w.comm.device_ipc.plans_made == plans, "a repeated call made a new plan")
+        for time in range(times):
+            w.case(f"repeated in-place allreduce {time}")
+            memory.write(recv, numpy.full(n, time * w.rank, dtype), None)
+            w.comm.Allreduce(MPI.IN_PLACE, recv, MPI.SUM)
+            self.calls += 1
+            w.check(memory.peek(recv), numpy.full(n, sum(time * r for r in range(w.size)), dtype), "result")
+        w.check_true(w.comm.device_ipc.plans_made == plans + 1, "repeated in-place calls made new plans")
 
     def reallocated(self, dtype=numpy.int64, n=700, times=4):
         """Buffers freed and allocated again between calls, as numba allocates: a new allocation at a freed
