@@ -16,8 +16,6 @@ from collectives.errors import CollectiveError
 _EVENT_DISABLE_TIMING = 0x02  # cudaEventDisableTiming
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the (unified) addresses
 _NOT_READY = 600  # cudaErrorNotReady
-_THREADS = 256
-_MAX_BLOCKS = 4096  # a few waves of an H100's 132 SMs; threads stride over the rest
 _EXPORTS_KEPT = 4096  # exported handles remembered (64 bytes each), by allocation
 
 _devices = {}  # device ordinal -> CudaDevice
@@ -134,8 +132,9 @@ class CudaDevice(Device):
         if count == 0:
             return lambda stream: None
         from kernels._reduce_raw import raw_kernel
+        from kernels.cuda_sources import THREADS, blocks
         kernel = raw_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
-        grid, block = (min(_MAX_BLOCKS, -(-count // _THREADS)),), (_THREADS,)
+        grid, block = (blocks(count),), (THREADS,)
         # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike, and the launch
         # keeps none of them (their owners decide when the memory goes).
         arguments = (*(numpy.uint64(_pointer(view)) for view in (*inputs, *outputs)), numpy.int64(count))
