@@ -43,13 +43,9 @@ def _nbytes(buf, recvbuf):
     return 0 if parsed is None or parsed.array is None else parsed.array.nbytes
 
 
-# How a call's buffers are handled, in SCAFFE_CHECK's signature: host memory, device memory copied through
-# the host, device memory reduced on the devices.
-_PATHS = ("host", "staged", "direct")
-
-
-def _path(device, staging):
-    return 2 if device is not None else 1 if staging is not None else 0
+# Where a call's data is reduced, in SCAFFE_CHECK's signature: through the host (host buffers, and device
+# buffers staged through it, which may mix), or on the devices (whose ranks wait for each other there).
+_PATHS = ("host", "direct")
 
 
 def _user_args(kind, buf, recvbuf, op, root):
@@ -371,7 +367,7 @@ class Comm(MPI.Intracomm):
         name = op_name(op)
         computed = _computes(name, send, recv)
         if self.check:
-            self._check_signature(kind, send.array if computed else None, op, root, _path(device, staging))
+            self._check_signature(kind, send.array if computed else None, op, root, int(device is not None))
         if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array, op, name, root, staging, computed,
@@ -421,7 +417,7 @@ class Comm(MPI.Intracomm):
             staging = Staging(self.pinned)
             target.array = staging.host(target.device, copy_in=not receives, copy_out=receives)
         if self.check:
-            self._check_signature("bcast", target.array, MPI.OP_NULL, root, _path(device, staging))
+            self._check_signature("bcast", target.array, MPI.OP_NULL, root, int(device is not None))
         if target.array is None:
             return None
         return Call("bcast", None, target.array, None, None, root, staging, device=device)

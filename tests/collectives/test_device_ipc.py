@@ -206,6 +206,11 @@ def test_ranks_mixing_host_and_device_buffers_are_named_by_the_check():
     run_ok(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_CHECK": 1}, timeout=60)
 
 
+def test_ranks_mixing_host_and_staged_device_buffers_pass_the_check():
+    run_ok(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_CHECK": 1, "SCAFFE_DEVICE_PATH": "staged"},
+           timeout=60)
+
+
 def test_a_rank_that_never_joins_ends_the_wait_with_an_error():
     job = launch(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_STALL_S": 4}, timeout=60)
     assert not job.timed_out and job.returncode != 0, job.report()

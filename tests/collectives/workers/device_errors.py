@@ -7,7 +7,8 @@ export: rank 1's device cannot export its buffer (CUDA IPC refuses cudaMallocAsy
 raises the CollectiveError naming local rank 1, and the next call on exportable buffers works.
 mixed: rank 1 passes host buffers where rank 0 passes device buffers. With SCAFFE_CHECK=1 every rank
 raises a MismatchError naming the path; without it rank 0's wait ends with an error (half SCAFFE_STALL_S)
-while rank 1 is left inside MPI, so the abort hook ends the job.
+while rank 1 is left inside MPI, so the abort hook ends the job. With SCAFFE_DEVICE_PATH=staged the call
+runs, checked or not.
 """
 import argparse
 import sys
@@ -56,7 +57,11 @@ def mixed_case(w, device):
         send.write(numpy.ones(N))
     w.case("allreduce on device buffers on rank 0, host buffers on rank 1")
     w.comm.describe()  # sets the communicator up
-    if w.comm.check:
+    if w.comm.device_ipc is None:  # SCAFFE_DEVICE_PATH=staged: mixing is allowed, and the check lets it be
+        w.comm.Allreduce(send, recv, MPI.SUM)
+        got = recv if w.rank == 1 else recv.read()
+        w.check(got, numpy.full(N, float(w.size)), "result")
+    elif w.comm.check:
         w.check_raises(MismatchError, ["path", "host", "direct"], lambda: w.comm.Allreduce(send, recv, MPI.SUM))
     else:
         w.comm.Allreduce(send, recv, MPI.SUM)  # rank 0 raises "did not join"; rank 1 stays inside MPI
