@@ -98,16 +98,16 @@ class LocalCall:
         self.failed = False
         record = self.record = numpy.zeros((), dtype=_RECORD)
         some = send if send is not None else recv
-        record["call_id"], record["kind"], record["op"], record["root"] = self.id, KINDS.index(kind), \
-            _NO_OP if op is None else ops.NAMES.index(op), root
+        record["call_id"], record["kind"], record["root"] = self.id, KINDS.index(kind), root
+        record["op"] = _NO_OP if op is None else ops.NAMES.index(op)
         record["dtype"], record["count"], record["device"] = numpy.dtype(some.dtype).num, some.size, device.key
         record["pid"] = os.getpid()  # names the exporter of the bases below in the registration cache
         try:
             for name, view in (("send", send), ("recv", recv)):
                 if view is not None:
                     handle, base, offset = device.export(view)
-                    record[f"{name}_handle"], record[f"{name}_base"], record[f"{name}_offset"] = \
-                        _handle_field(handle), base, offset
+                    record[f"{name}_handle"] = _handle_field(handle)
+                    record[f"{name}_base"], record[f"{name}_offset"] = base, offset
         except Exception as error:  # every local rank must hear of it, or they wait for this rank forever
             record["failed"] = self.failed = True
             record["error"] = f"{type(error).__name__}: {error}".encode()[:_ERROR_BYTES]
@@ -123,8 +123,8 @@ class _Plan:
     """What one owner runs for a call the local ranks' ids name: its kernel, ready to launch (None: this
     rank owns no slice, or its slice has nothing to do)."""
 
-    def __init__(self, call_ids, launch):
-        self.call_ids, self.launch = call_ids, launch
+    def __init__(self, launch):
+        self.launch = launch
 
 
 class NodeIpc:
@@ -220,7 +220,7 @@ class NodeIpc:
             raise CollectiveError(problem)
         owners = _owners(records)
         launch = self._kernel(local, records, owners) if self.local_rank in owners else None
-        plan = self._plans[call_ids] = _Plan(call_ids, launch)
+        plan = self._plans[call_ids] = _Plan(launch)
         self.plans_made += 1
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
