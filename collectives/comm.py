@@ -43,6 +43,11 @@ def _nbytes(buf, recvbuf):
     return 0 if parsed is None or parsed.array is None else parsed.array.nbytes
 
 
+# Where a call's data is reduced, in SCAFFE_CHECK's signature: through the host (host buffers, and device
+# buffers staged through it, which may mix), or on the devices (whose ranks wait for each other there).
+_PATHS = ("host", "direct")
+
+
 def _user_args(kind, buf, recvbuf, op, root):
     """The wrapped MPI method's arguments as the user passed them: Reduce's four, Allreduce's three, Bcast's two."""
     if kind == "reduce":
@@ -88,15 +93,17 @@ class Comm(MPI.Intracomm):
     """
 
     _lanes = None  # the Lane of each wrapped MPI method, once set up
+    _device_path = None  # "direct" or "staged" as the constructor was told; None: SCAFFE_DEVICE_PATH's
 
-    def __new__(cls, comm=None):
+    def __new__(cls, comm=None, device_path=None):
         comm = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(comm, MPI.Intracomm) or comm.Is_inter():
             raise TypeError("collectives.Comm wraps an intracommunicator; "
                             "use the intercommunicator's own methods for intercommunicators")
         return super().__new__(cls, comm)
 
-    def __init__(self, comm=None):
+    def __init__(self, comm=None, device_path=None):
+        self._device_path = settings.checked_device_path(device_path) if device_path is not None else None
         if settings.abort_on_error():
             install_abort_hook()  # else one rank's uncaught error leaves the others in a collective forever
 
@@ -112,7 +119,8 @@ class Comm(MPI.Intracomm):
         self.shm = SharedWindows(node_comm)
         self.scratch = ScratchPool()
         self.pinned = PinnedPool()
-        self.device_ipc = NodeIpc(node_comm) if settings.device_path() == "direct" else None
+        device_path = self._device_path or settings.device_path()
+        self.device_ipc = NodeIpc(node_comm) if device_path == "direct" else None
         self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
@@ -173,7 +181,7 @@ class Comm(MPI.Intracomm):
         MPI.Intracomm.Free(self)
 
     def Dup(self, *args, **kwargs):
-        return Comm(MPI.Intracomm.Dup(self, *args, **kwargs))
+        return Comm(MPI.Intracomm.Dup(self, *args, **kwargs), device_path=self._device_path)
 
     # -- the overrides: mpi4py's signatures; each names the wrapped MPI's method it stands in for -------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
@@ -200,6 +208,11 @@ class Comm(MPI.Intracomm):
         user's call in the shape all kinds share (a Bcast's buffer is `buf`; see _user_args)."""
         lanes = self._lanes
         lane = (lanes if lanes is not None else self._setup())[native]
+        device_seen = lane.device_seen
+        if device_seen is not None and device_seen.matches(buf, recvbuf, op, root, stream):
+            # The same device buffers again: this rank's part of the call, as last time (latency.DeviceSeen).
+            start = device_seen.local.start(device_seen.named if stream is None else stream)
+            return self._execute(lane, native, None, Plan(device_seen.nbytes, start), with_label(lane.event_name))
         seen = lane.seen
         if seen is not None:
             # Seen's record compared inline (a method call is a measurable part of this path); the type is
@@ -262,7 +275,12 @@ class Comm(MPI.Intracomm):
         if call is None:
             return Plan(_nbytes(buf, recvbuf))
         if call.device is not None:
-            return Plan(call.nbytes, device_algorithm.start(self, call, call.stream if stream is None else stream))
+            stream = call.stream if stream is None else stream
+            local = device_algorithm.local_call(self, call)
+            if local is None:
+                return Plan(call.nbytes, device_algorithm.start(self, call, stream))
+            lane.device_called(local, buf, recvbuf, call.op, call.root, call.nbytes, call.stream)
+            return Plan(call.nbytes, local.start(stream))
         synchronize(stream)  # the caller's kernels that produce the data finish before we read it
         name = self._pick(call)
         if name == "native":
@@ -351,7 +369,7 @@ class Comm(MPI.Intracomm):
         name = op_name(op)
         computed = _computes(name, send, recv)
         if self.check:
-            self._check_signature(kind, send.array if computed else None, op, root)
+            self._check_signature(kind, send.array if computed else None, op, root, int(device is not None))
         if not computed and staging is None:
             return None
         return Call(kind, send.array, None if recv is None else recv.array, op, name, root, staging, computed,
@@ -401,24 +419,28 @@ class Comm(MPI.Intracomm):
             staging = Staging(self.pinned)
             target.array = staging.host(target.device, copy_in=not receives, copy_out=receives)
         if self.check:
-            self._check_signature("bcast", target.array, MPI.OP_NULL, root)
+            self._check_signature("bcast", target.array, MPI.OP_NULL, root, int(device is not None))
         if target.array is None:
             return None
         return Call("bcast", None, target.array, None, None, root, staging, device=device,
                     stream=None if device is None else named_stream(None, target))
 
-    def _check_signature(self, kind, array, op, root):
-        """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise."""
+    def _check_signature(self, kind, array, op, root, path):
+        """SCAFFE_CHECK=1: one small allreduce finds ranks that disagree, and all of them raise. `path` is
+        the index in _PATHS of how this rank's buffers are handled: ranks of one node that mix them wait
+        for each other in different places."""
         count = -1 if array is None else array.shape[0]
         dtype = -1 if array is None else array.dtype.num
-        mine = numpy.array([count, dtype, op.py2f(), root], dtype=numpy.int64)
+        mine = numpy.array([count, dtype, op.py2f(), root, path], dtype=numpy.int64)
         both = numpy.concatenate([mine, -mine])
         extremes = numpy.empty_like(both)
         # Reported like a collective: a rank missing from this one would otherwise hang unseen.
         reported(self._signature_check, both.nbytes, self.private.Allreduce, both, extremes, MPI.MAX)
-        highest, lowest = extremes[:4], -extremes[4:]
+        fields = ["count", "dtype", "op", "root", "path"]
+        highest, lowest = extremes[:len(fields)], -extremes[len(fields):]
         if (highest != lowest).any():
-            fields = ["count", "dtype", "op", "root"]
-            differ = [f"{fields[i]} ({lowest[i]}..{highest[i]})" for i in range(4) if highest[i] != lowest[i]]
+            differ = [f"{fields[i]} ({_PATHS[lowest[i]]}..{_PATHS[highest[i]]})" if fields[i] == "path"
+                      else f"{fields[i]} ({lowest[i]}..{highest[i]})"
+                      for i in range(len(fields)) if highest[i] != lowest[i]]
             raise MismatchError(f"{kind}: ranks disagree on {', '.join(differ)}; "
                                 f"this rank passed count={count}, dtype={array.dtype if array is not None else '?'}")

@@ -7,8 +7,12 @@ ndarray can get wrong (`Lane.goes_native`), let through goes to native MPI, once
 native after the full validation. A larger one of an (op, dtype) pair our algorithms ran gets its Call
 from `Lane.computed_call` (perf/RESULTS.md, "The Comm's own layers", has what each saves).
 """
-import numpy
+import weakref
 
+import numpy
+from mpi4py import MPI
+
+from collectives import devices
 from collectives.call import Call
 
 
@@ -36,6 +40,50 @@ class Seen:
         self.dtype, self.nbytes, self.algorithm, self.op_name = buf.dtype, buf.nbytes, algorithm, op_name
 
 
+class DeviceSeen:
+    """The last call of one kind on device buffers that took the direct path inside a node: the user's
+    objects (weakly, where they allow it, so that remembering them neither keeps them alive nor mistakes a
+    new object for them), and this rank's LocalCall (collectives.intranode.ipc), which a repeat starts
+    again. Only kinds of device arrays whose memory an object keeps for its whole life are remembered.
+    `named` is the stream their `__cuda_array_interface__` named (collectives.buffers.named_stream): a call
+    given no stream repeats only while they name the same one, since that stream is the call's."""
+
+    __slots__ = ("send", "recv", "op", "root", "nbytes", "local", "named")
+
+    def __init__(self, buf, recvbuf, op, root, nbytes, local, named):
+        self.send, self.recv, self.op, self.root = _reference(buf), _reference(recvbuf), op, root
+        self.nbytes, self.local, self.named = nbytes, local, named
+
+    def matches(self, buf, recvbuf, op, root, stream):
+        return (self.send() is buf and self.recv() is recvbuf and op is self.op and root == self.root
+                and (stream is not None or _named_stream(buf, recvbuf) == self.named))
+
+
+def _named_stream(buf, recvbuf):
+    """The stream the first of two device arrays that names one names now (each is None, IN_PLACE or an
+    array whose stream agreed with the other's when the call was validated)."""
+    for obj in (buf, recvbuf):
+        interface = getattr(obj, "__cuda_array_interface__", None)
+        if interface is not None and interface.get("stream") is not None:
+            return interface["stream"]
+    return None
+
+
+def _reference(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # None, MPI.IN_PLACE: kept as they are
+        return lambda: obj
+
+
+def fixed_memory(obj):
+    """Whether `obj`'s memory cannot change under it: cupy's and numba's device arrays, the registered kinds
+    (and no buffer at all: None, MPI.IN_PLACE)."""
+    if obj is None or obj is MPI.IN_PLACE or type(obj).__module__.split(".")[0] in ("cupy", "numba", "numba_cuda"):
+        return True
+    return devices.find_registered(obj) is not None
+
+
 def _fits(sendbuf, recvbuf):
     """Whether `recvbuf` is a plain, contiguous, writable ndarray of sendbuf's dtype and size."""
     if (type(recvbuf) is not numpy.ndarray or recvbuf.nbytes != sendbuf.nbytes
@@ -60,7 +108,7 @@ class Lane:
     """
 
     __slots__ = ("kind", "event_name", "blocking", "seen", "native_below", "rank", "size", "native_pairs",
-                 "computed_pairs")
+                 "computed_pairs", "device_seen")
 
     def __init__(self, kind, event_name, blocking, seen, native_below, rank, size, native_pairs, computed_pairs):
         self.kind, self.event_name, self.blocking, self.seen = kind, event_name, blocking, seen
@@ -68,6 +116,13 @@ class Lane:
         self.native_below = float("inf") if native_below is None else native_below
         self.rank, self.size = rank, size
         self.native_pairs, self.computed_pairs = native_pairs, computed_pairs
+        self.device_seen = None  # a DeviceSeen, when `seen` is kept
+
+    def device_called(self, local, buf, recvbuf, op, root, nbytes, named):
+        """`local` ran a call on these device buffers, which named stream `named`: the same objects next
+        time start it again."""
+        if self.seen is not None and not local.failed and fixed_memory(buf) and fixed_memory(recvbuf):
+            self.device_seen = DeviceSeen(buf, recvbuf, op, root, nbytes, local, named)
 
     def went_native(self, call):
         """Native MPI ran `call`, a validated call on host buffers: its (op, dtype) pair takes `goes_native`."""

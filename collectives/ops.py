@@ -23,6 +23,7 @@ _OPS = {
 }
 # MPI.Op objects are unhashable; their Fortran handles are stable integers for predefined ops.
 _NAMES = {mpi_op.py2f(): name for name, (mpi_op, _) in _OPS.items()}
+NAMES = tuple(_OPS)  # an op's index here is its code where a number must stand for it (a node's shared record)
 # The ops the compiled node loop computes, in the order of its op codes (intranode/_steps.binop): those
 # defined for every numeric dtype. Bitwise and logical ops stay on the interpreted loop.
 COMPILED_OPS = ("sum", "prod", "min", "max")

@@ -32,7 +32,8 @@ SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers
                                                                   (device_path)
 
 scaffe's logging settings (glog's GLOG_minloglevel, GLOG_logtostderr, GLOG_log_dir) are read by scaffe.log,
-SCAFFE_PIECE_BYTES by scaffe.parallel.pieces.
+SCAFFE_PIECE_BYTES by scaffe.parallel.pieces; MVAPICH2-GDR's MV2_USE_CUDA is read here too (mvapich_cuda), as a
+sign of a CUDA-aware MPI library.
 """
 import math
 import os
@@ -102,6 +103,11 @@ def cuda_aware_override():
     return switch("SCAFFE_CUDA_AWARE", None)
 
 
+def mvapich_cuda():
+    """MVAPICH2-GDR's own MV2_USE_CUDA=1: the library was told to take device buffers."""
+    return os.environ.get("MV2_USE_CUDA") == "1"
+
+
 def abort_on_error():
     """SCAFFE_ABORT_ON_ERROR: whether making a Comm installs the abort hook (`collectives.install_abort_hook`)."""
     return switch("SCAFFE_ABORT_ON_ERROR", True)
@@ -109,9 +115,14 @@ def abort_on_error():
 
 def device_path():
     """SCAFFE_DEVICE_PATH, lower-cased: "direct" or "staged"."""
-    path = os.environ.get("SCAFFE_DEVICE_PATH", "").strip().lower() or "direct"
+    return checked_device_path(os.environ.get("SCAFFE_DEVICE_PATH", "").strip().lower() or "direct",
+                               "SCAFFE_DEVICE_PATH")
+
+
+def checked_device_path(path, what="device_path"):
+    """`path` if it names a device path ("direct" or "staged"), else a ValueError naming `what`."""
     if path not in ("direct", "staged"):
-        raise ValueError(f"SCAFFE_DEVICE_PATH must be direct or staged, got {path!r}")
+        raise ValueError(f"{what} must be direct or staged, got {path!r}")
     return path
 
 

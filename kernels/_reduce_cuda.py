@@ -8,6 +8,7 @@ every call; threads stride over the grid, so any length runs on a bounded grid.
 The simulator (NUMBA_ENABLE_CUDASIM=1) runs every CUDA thread as a Python thread, so there the grid is
 kept to one small block.
 """
+from kernels.cuda_sources import THREADS, blocks
 from kernels.numba_cuda import SIMULATED, cuda
 
 # The combining functions are inlined into the kernel in Numba's IR (inline="always"), so compiling the
@@ -71,8 +72,6 @@ OPS = {"sum": _sum, "prod": _prod, "min": _min, "max": _max, "band": _band, "bor
         "bxor": _bxor, "land": _land, "lor": _lor, "lxor": _lxor}
 _kernels = {}
 
-_THREADS = 256
-_MAX_BLOCKS = 1024  # enough resident blocks to fill an H100's 132 SMs several times over
 
 
 def kernel(op):
@@ -97,7 +96,7 @@ def kernel(op):
 def _grid(n):
     if SIMULATED:
         return 1, 32
-    return max(1, min(_MAX_BLOCKS, -(-n // _THREADS))), _THREADS
+    return blocks(n), THREADS
 
 
 def reduce_into(out, inputs, op, stream=0):

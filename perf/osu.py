@@ -14,7 +14,6 @@ would crash), and `both` compares staged with scaffe.
 """
 import argparse
 import functools
-import os
 import sys
 import time
 
@@ -68,18 +67,8 @@ def parse_args(description, argv=None):
 
 
 def staged_comm(world):
-    """scaffe's Comm on its staged device path: SCAFFE_DEVICE_PATH is read when a Comm is made and set up."""
-    saved = os.environ.get("SCAFFE_DEVICE_PATH")
-    os.environ["SCAFFE_DEVICE_PATH"] = "staged"
-    try:
-        comm = collectives.Comm(world)
-        comm.describe()
-        return comm
-    finally:
-        if saved is None:
-            del os.environ["SCAFFE_DEVICE_PATH"]
-        else:
-            os.environ["SCAFFE_DEVICE_PATH"] = saved
+    """scaffe's Comm on its staged device path."""
+    return collectives.Comm(world, device_path="staged")
 
 
 def on_host(buf):

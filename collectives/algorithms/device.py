@@ -50,6 +50,14 @@ def start(comm, call, stream):
     """Mark the caller's stream now and return the call's work (see collectives.intranode.ipc)."""
     if comm.several_nodes:
         return device_nodes.start(comm, call, stream)
+    return local_call(comm, call).start(stream)
+
+
+def local_call(comm, call):
+    """This rank's part of `call` inside its node (a LocalCall, which a repeated call starts again), or
+    None when the call spans nodes."""
+    if comm.several_nodes:
+        return None
     topology = comm.node_topology
     root = topology.local_rank_of[call.root] if call.kind != "allreduce" else 0
-    return comm.device_ipc.start(call.device, call.kind, call.send, call.recv, call.op_name, root, stream)
+    return comm.device_ipc.local_call(call.device, call.kind, call.send, call.recv, call.op_name, root)

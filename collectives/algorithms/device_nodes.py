@@ -37,7 +37,7 @@ def _reduce(comm, call, stream):
     if topo.local_rank == target:
         scratch = _scratch(comm, call.device)
         node_result = call.recv if topo.rank == root else scratch.node_result(call.send.size, call.send.dtype)
-    node_stage = ipc.start(call.device, "reduce", call.send, node_result, call.op_name, target, stream)
+    node_stage = ipc.local_call(call.device, "reduce", call.send, node_result, call.op_name, target).start(stream)
 
     def work():
         node_stage()
@@ -53,8 +53,9 @@ def _reduce(comm, call, stream):
 def _allreduce(comm, call, stream):
     topo, ipc = comm.node_topology, comm.device_ipc
     leader = topo.leaders_comm is not None
-    node_reduce = ipc.start(call.device, "reduce", call.send, call.recv if leader else None, call.op_name, 0, stream)
-    node_bcast = ipc.start(call.device, "bcast", None, call.recv, None, 0, stream)
+    node_reduce = ipc.local_call(call.device, "reduce", call.send, call.recv if leader else None, call.op_name,
+                                 0).start(stream)
+    node_bcast = ipc.local_call(call.device, "bcast", None, call.recv, None, 0).start(stream)
 
     def work():
         node_reduce()
@@ -76,7 +77,7 @@ def _bcast(comm, call, stream):
     source = topo.local_rank_of[root] if topo.node == topo.node_of[root] else 0
     scratch = _scratch(comm, call.device) if topo.local_rank == source else None
     caller_done = scratch.mark(stream) if scratch is not None else None
-    node_stage = ipc.start(call.device, "bcast", None, call.recv, None, source, stream)
+    node_stage = ipc.local_call(call.device, "bcast", None, call.recv, None, source).start(stream)
 
     def work():
         heads = topo.heads_comm(root)

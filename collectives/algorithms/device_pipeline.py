@@ -12,7 +12,6 @@ the CPU stand-in (tests/stand_ins/cpu_device.py) runs this code, waits included,
 """
 import collections
 import ctypes
-import os
 
 import numpy
 from mpi4py import MPI
@@ -39,7 +38,7 @@ def cuda_aware():
     if query is not None:
         query.restype = ctypes.c_int
         return bool(query()), "MPIX_Query_cuda_support()"
-    if os.environ.get("MV2_USE_CUDA") == "1":
+    if settings.mvapich_cuda():
         return True, "MV2_USE_CUDA=1"
     return False, "the library has no MPIX_Query_cuda_support"
 

@@ -45,8 +45,9 @@ class Device:
         return view
 
     def export(self, view):
-        """(handle, offset): the IPC handle (bytes) of the allocation holding `view` and `view`'s byte offset
-        in it. Exporting an allocation again gives the same handle."""
+        """(handle, base, offset): the IPC handle (bytes) of the allocation holding `view`, the allocation's
+        base address and `view`'s byte offset in it. Exporting an allocation again gives the same handle;
+        a new allocation at a freed one's base gives another (collectives.devices.peers relies on both)."""
         raise NotImplementedError
 
     def open(self, handle):
@@ -81,13 +82,18 @@ class Device:
         `op` is kernels.reduce's name ("sum", ...) or "copy" with one input. Outputs may be inputs."""
         raise NotImplementedError
 
+    def prepare_reduce(self, outputs, inputs, op):
+        """`reduce` of these views made ready to queue again and again: launch(stream) queues it. A device
+        computes here whatever a launch would otherwise compute each time (kernel, grid, arguments)."""
+        return lambda stream: self.reduce(outputs, inputs, op, stream)
+
     def synchronize_stream(self, stream):
         """Block until all work queued on `stream` so far has finished."""
         raise NotImplementedError
 
     # -- events -------------------------------------------------------------------------------------
-    def new_event(self, interprocess=False):
-        """An event; `interprocess` ones can be exported to other processes."""
+    def new_event(self):
+        """An event, for ordering streams and for the host to wait on."""
         raise NotImplementedError
 
     def record(self, event, stream):
@@ -105,14 +111,6 @@ class Device:
 
     def synchronize(self, event):
         """Block the host until the last record of `event` has completed."""
-        raise NotImplementedError
-
-    def export_event(self, event):
-        """The IPC handle (bytes) of an interprocess event."""
-        raise NotImplementedError
-
-    def open_event(self, handle):
-        """Another process's interprocess event, from its handle."""
         raise NotImplementedError
 
     def current(self):

@@ -1,10 +1,9 @@
-"""The device interface on CUDA, through cupy: IPC memory and event handles, streams, and the fused reduce
+"""The device interface on CUDA, through cupy: IPC memory handles, streams, events, and the fused reduce
 as a cupy RawKernel (kernels._reduce_raw), compiled once per (op, dtype, inputs, outputs).
 
 Streams are cupy Stream objects (the caller's own, or an ExternalStream around a handle it passed);
-events are raw cudaEvent_t handles, created without timing (cheaper to record and wait on), the
-interprocess ones as CUDA requires for IPC. Every call runs with this device current, since the
-collectives' progress thread has no current device of its own.
+events are raw cudaEvent_t handles, created without timing (cheaper to record and wait on). Every call
+runs with this device current, since the collectives' progress thread has no current device of its own.
 """
 import hashlib
 
@@ -15,11 +14,8 @@ from collectives.devices import Device
 from collectives.errors import CollectiveError
 
 _EVENT_DISABLE_TIMING = 0x02  # cudaEventDisableTiming
-_EVENT_INTERPROCESS = 0x04  # cudaEventInterprocess
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the (unified) addresses
 _NOT_READY = 600  # cudaErrorNotReady
-_THREADS = 256
-_MAX_BLOCKS = 4096  # a few waves of an H100's 132 SMs; threads stride over the rest
 _EXPORTS_KEPT = 4096  # exported handles remembered (64 bytes each), by allocation
 
 _devices = {}  # device ordinal -> CudaDevice
@@ -54,7 +50,7 @@ class CudaDevice(Device):
         # The same GPU has the same PCI address in every process, whatever CUDA_VISIBLE_DEVICES numbers it.
         bus_id = self._runtime.deviceGetPCIBusId(ordinal)
         self.key = int.from_bytes(hashlib.blake2b(bus_id.encode(), digest_size=7).digest(), "little")
-        self._exported = {}  # allocation's buffer id -> its IPC handle
+        self._exported = {}  # allocation's base address -> (its buffer id, its IPC handle)
         self._streams = []  # the streams made here, kept alive with the device
 
     def current(self):
@@ -78,13 +74,13 @@ class CudaDevice(Device):
             raise CollectiveError(f"device buffer at {pointer:#x} cannot be shared through CUDA IPC (memory from "
                                   "cudaMallocAsync pools cannot); allocate it with cudaMalloc (cupy's default "
                                   "pool) or set SCAFFE_DEVICE_PATH=staged")
-        handle = self._exported.get(buffer_id)
-        if handle is None:
+        kept = self._exported.get(start)
+        if kept is None or kept[0] != buffer_id:  # a new allocation at a freed one's address: a new handle
             if len(self._exported) >= _EXPORTS_KEPT:
                 self._exported.clear()
             with self._device:
-                handle = self._exported[buffer_id] = self._runtime.ipcGetMemHandle(start)
-        return handle, pointer - start
+                kept = self._exported[start] = (buffer_id, self._runtime.ipcGetMemHandle(start))
+        return kept[1], start, pointer - start
 
     def open(self, handle):
         with self._device:
@@ -129,25 +125,34 @@ class CudaDevice(Device):
                                           stream.ptr)
 
     def reduce(self, outputs, inputs, op, stream):
+        self.prepare_reduce(outputs, inputs, op)(stream)
+
+    def prepare_reduce(self, outputs, inputs, op):
         count = outputs[0].size
         if count == 0:
-            return
+            return lambda stream: None
         from kernels._reduce_raw import raw_kernel
+        from kernels.cuda_sources import THREADS, blocks
         kernel = raw_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
-        blocks = min(_MAX_BLOCKS, -(-count // _THREADS))
-        # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike.
-        pointers = [numpy.uint64(_pointer(view)) for view in (*inputs, *outputs)]
-        with self._device, stream:
-            kernel((blocks,), (_THREADS,), (*pointers, numpy.int64(count)))
+        grid, block = (blocks(count),), (THREADS,)
+        # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike, and the launch
+        # keeps none of them (their owners decide when the memory goes).
+        arguments = (*(numpy.uint64(_pointer(view)) for view in (*inputs, *outputs)), numpy.int64(count))
+        device = self._device
+
+        def launch(stream):
+            with device, stream:
+                kernel(grid, block, arguments)
+
+        return launch
 
     def synchronize_stream(self, stream):
         stream.synchronize()
 
     # -- events -------------------------------------------------------------------------------------
-    def new_event(self, interprocess=False):
-        flags = _EVENT_DISABLE_TIMING | (_EVENT_INTERPROCESS if interprocess else 0)
+    def new_event(self):
         with self._device:
-            return self._runtime.eventCreateWithFlags(flags)
+            return self._runtime.eventCreateWithFlags(_EVENT_DISABLE_TIMING)
 
     def record(self, event, stream):
         with self._device:
@@ -165,10 +170,3 @@ class CudaDevice(Device):
 
     def synchronize(self, event):
         self._runtime.eventSynchronize(event)
-
-    def export_event(self, event):
-        return self._runtime.ipcGetEventHandle(event)
-
-    def open_event(self, handle):
-        with self._device:
-            return self._runtime.ipcOpenEventHandle(bytes(handle))

@@ -1,51 +1,56 @@
-"""Intra-node Reduce, Allreduce and Bcast of device buffers, with no host copy: CUDA IPC and events.
+"""Intra-node Reduce, Allreduce and Bcast of device buffers, with no host copy: CUDA IPC and host-side flags.
 
-Each call, every local rank publishes a record in a small shared-memory window: the IPC handles and
-offsets of its buffers (exported once per allocation), the call's arguments, and the handles of its two
-interprocess events. `ready` says its buffers are ready to be read and written: it is recorded on the
-rank's own stream after that stream has waited for an event recorded, at call time, on the caller's
-stream (or on the legacy default stream), so the call orders itself after the caller's work without
-blocking the host. `done` is recorded after the rank's share of the work.
+Each call, every local rank publishes a record in a small shared-memory window: the id of its `LocalCall`
+(its arguments and buffers; the IPC handles, bases and offsets of the buffers go with a new id only), and
+two counters. `ready` says its buffers may be read and written: the rank raises it once its own process
+has seen the caller's work on them complete (an ordinary event recorded on the caller's stream, or the
+legacy default stream, when the call is made, and synchronised by the caller for a blocking call, by the
+progress thread for an I* call). No process ever waits on another process's event: on one GPU such a
+wait costs 150-300 us per peer, a host-side flag about a microsecond (issue 22's measurements).
 
-Then the owners of the vector's slices each queue one fused kernel that reads the slice from every local
-rank's buffer (mapped through the registration cache, collectives.devices.peers) and writes it where it
-is needed: the Reduce root's buffer, every rank's for an Allreduce; a Bcast's kernel reads the root's
-buffer and writes every other rank's. Before it, the owner's stream waits on every rank's `ready` event.
-There is one owner per device: ranks sharing one GPU do not run kernels at the same time (without MPS),
-so one kernel reads all of them; ranks on different GPUs reduce a slice each, their GPUs in parallel. The
-root owns the whole vector on its device, so a Reduce's result never crosses a device twice.
+Then the owners of the vector's slices each run one fused kernel on their own stream that reads the
+slice from every local rank's buffer (mapped through the registration cache, collectives.devices.peers)
+and writes it where it is needed: the Reduce root's buffer, every rank's for an Allreduce; a Bcast's
+kernel reads the root's buffer and writes every other rank's. There is one owner per device: ranks
+sharing one GPU do not run kernels at the same time (without MPS), so one kernel reads all of them;
+ranks on different GPUs reduce a slice each, in parallel. The root owns the whole vector on its device,
+so a Reduce's result never crosses a device twice. An owner synchronises its stream and raises `done`;
+every rank returns once all have: a blocking call returns with its result in place and its buffers free,
+as MPI's do. For a fixed topology the order of summation is local rank order: results are reproducible.
 
-A rank returns once every rank has passed its kernel (the `done` counters) and the owners' `done` events
-have completed: a blocking call returns with its result in place and its buffers free, as MPI's do,
-having waited on events, never on a whole device. For a fixed topology the order of summation is local
-rank order, so results are reproducible.
-
-Counters make the events safe to re-record: an event is recorded again only in the next call, which no
-rank starts before every rank has waited on this call's records (every rank waits for all `done`
-counters before it returns, and for all `ready` counters before it reads a record).
+What a call needs on the owner (mapped peer views, the kernel, its grid and arguments) is a `_Plan`, made
+once for the local ranks' ids and kept in a small cache: a repeated call compares those few integers and
+runs. A rank whose call cannot take part (its buffer cannot be exported, say) publishes the error
+instead, and every local rank raises it; a rank that never comes (it took another path) ends the others'
+wait with an error after half the stall limit (SCAFFE_STALL_S).
 """
 import collections
+import itertools
+import os
 
 import numpy
 from mpi4py import MPI
 
-from collectives.devices import HANDLE_BYTES
-from collectives.devices.peers import PeerMemory
+from collectives import ops, settings
+from collectives.devices import HANDLE_BYTES, peers
 from collectives.errors import CollectiveError
-from collectives.intranode.wait import wait_until
+from collectives.intranode.wait import wait_for_column
 
 KINDS = ("reduce", "allreduce", "bcast")
-_OP_CODES = {name: code for code, name in enumerate(
-    ("sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor"))}
-_NO_OP = -1
+_NO_OP = -1  # a Bcast's op code
 _ALIGN_BYTES = 256  # slices start on this boundary: whole cache lines and aligned vector loads
+_ERROR_BYTES = 240
+_PLANS_KEPT = 16  # plans per communicator: a training step's few buffers, each in a call or two
+_local_ids = itertools.count(1)  # LocalCall ids, never reused in a process: an id names one call's buffers
 
 _RECORD = numpy.dtype([
     ("ready", numpy.int64), ("done", numpy.int64), ("_line", numpy.uint8, 48),  # counters: a line of their own
+    ("call_id", numpy.int64), ("failed", numpy.int64),
     ("kind", numpy.int64), ("op", numpy.int64), ("dtype", numpy.int64), ("count", numpy.int64),
-    ("root", numpy.int64), ("device", numpy.int64), ("send_offset", numpy.int64), ("recv_offset", numpy.int64),
+    ("root", numpy.int64), ("device", numpy.int64), ("pid", numpy.int64),
+    ("send_base", numpy.uint64), ("send_offset", numpy.int64), ("recv_base", numpy.uint64), ("recv_offset", numpy.int64),
     ("send_handle", numpy.uint8, HANDLE_BYTES), ("recv_handle", numpy.uint8, HANDLE_BYTES),
-    ("ready_event", numpy.uint8, HANDLE_BYTES), ("done_event", numpy.uint8, HANDLE_BYTES),
+    ("error", f"S{_ERROR_BYTES}"),
 ])
 _AGREED = ("kind", "op", "dtype", "count", "root")  # what every local rank must have passed alike
 
@@ -57,37 +62,73 @@ def _handle_field(handle):
 
 
 class _DeviceState:
-    """What this process keeps per device: its stream, its two interprocess events and their handles,
-    spare events for marking the caller's stream, and the peers' memory and events opened so far."""
+    """What this process keeps per device for the direct path: its stream and spare events for marking
+    the caller's stream."""
 
     def __init__(self, device):
         self.device = device
         with device.current():
             self.stream = device.new_stream()
-            self.ready = device.new_event(interprocess=True)
-            self.done = device.new_event(interprocess=True)
-            self.ready_handle = _handle_field(device.export_event(self.ready))
-            self.done_handle = _handle_field(device.export_event(self.done))
         self.spare_markers = collections.deque()  # taken by callers, given back by whoever ran the call
-        self.peers = PeerMemory(device)
-        self._peer_events = {}  # handle bytes -> opened event
 
-    def marker(self):
+    def mark(self, stream):
+        """An event recorded now on the caller's `stream` (None: the legacy default stream)."""
+        device = self.device
         try:
-            return self.spare_markers.pop()
+            marker = self.spare_markers.pop()
         except IndexError:
-            return self.device.new_event()
+            marker = device.new_event()
+        with device.current():
+            device.record(marker, device.user_stream(stream))
+        return marker
 
-    def peer_event(self, field):
-        handle = field.tobytes()
-        event = self._peer_events.get(handle)
-        if event is None:
-            event = self._peer_events[handle] = self.device.open_event(handle)
-        return event
+
+class LocalCall:
+    """This rank's part of a repeated device call: its arguments and buffers as the record holds them.
+
+    `send`/`recv` are this rank's device views (None where it has none: a Reduce's non-root receive
+    buffer, a Bcast's send buffer; `send is recv` in place); `root` is the local root (0 for Allreduce).
+    Exporting a buffer may fail (memory CUDA IPC cannot share): the error then goes to every local rank.
+    """
+
+    def __init__(self, ipc, device, kind, send, recv, op, root):
+        self.ipc, self.state = ipc, ipc.state(device)
+        self.send, self.recv = send, recv
+        self.id = next(_local_ids)
+        self.failed = False
+        record = self.record = numpy.zeros((), dtype=_RECORD)
+        some = send if send is not None else recv
+        record["call_id"], record["kind"], record["root"] = self.id, KINDS.index(kind), root
+        record["op"] = _NO_OP if op is None else ops.NAMES.index(op)
+        record["dtype"], record["count"], record["device"] = numpy.dtype(some.dtype).num, some.size, device.key
+        record["pid"] = os.getpid()  # names the exporter of the bases below in the registration cache
+        try:
+            for name, view in (("send", send), ("recv", recv)):
+                if view is not None:
+                    handle, base, offset = device.export(view)
+                    record[f"{name}_handle"] = _handle_field(handle)
+                    record[f"{name}_base"], record[f"{name}_offset"] = base, offset
+        except Exception as error:  # every local rank must hear of it, or they wait for this rank forever
+            record["failed"] = self.failed = True
+            record["error"] = f"{type(error).__name__}: {error}".encode()[:_ERROR_BYTES]
+
+    def start(self, stream):
+        """Mark the caller's `stream` now (in the caller's thread) and return the call's work: a callable
+        that runs it (from whichever thread runs the communicator's calls, in call order)."""
+        marker = self.state.mark(stream)
+        return lambda: self.ipc.run(self, marker)
+
+
+class _Plan:
+    """What one owner runs for a call the local ranks' ids name: its kernel, ready to launch (None: this
+    rank owns no slice, or its slice has nothing to do)."""
+
+    def __init__(self, launch):
+        self.launch = launch
 
 
 class NodeIpc:
-    """The records window of one node communicator and the per-device state behind it."""
+    """The records window of one node communicator, its plans, and the per-device state behind them."""
 
     def __init__(self, node_comm):
         self.node_comm = node_comm
@@ -100,13 +141,19 @@ class NodeIpc:
         memory, _ = self._win.Shared_query(0)
         self.records = numpy.frombuffer(memory, dtype=_RECORD, count=self.local_size)
         self.records[self.local_rank] = numpy.zeros((), dtype=_RECORD)
-        self.calls = 0
+        self._ready, self._done = self.records["ready"], self.records["done"]
+        self._call_ids = self.records["call_id"]
+        stall_s = settings.stall_seconds()
+        # Half the stall limit: this wait's one-line error comes before the stall inspector's report.
+        self.wait_s = stall_s / 2 if stall_s else None
+        self.calls = 0  # calls that ran here (what the tests look for)
+        self.plans_made = 0
+        self._plans = collections.OrderedDict()  # local ranks' call ids (bytes) -> _Plan
         self._states = {}  # Device -> _DeviceState
         node_comm.Barrier()
 
     def free(self):
-        for state in self._states.values():
-            state.peers.close()
+        self._plans.clear()
         self._win.Unlock_all()
         self._win.Free()
 
@@ -116,94 +163,102 @@ class NodeIpc:
             state = self._states[device] = _DeviceState(device)
         return state
 
-    def start(self, device, kind, send, recv, op, root, stream):
-        """Mark the caller's `stream` now (in the caller's thread) and return the call's work: a callable
-        that runs it (from whichever thread runs the communicator's calls, in call order).
-
-        `send`/`recv` are this rank's device views (None where it has none: a Reduce's non-root receive
-        buffer, a Bcast's send buffer; `send is recv` in place); `root` is the local root (0 for Allreduce).
-        """
-        state = self.state(device)
-        marker = state.marker()
-        with device.current():
-            device.record(marker, device.user_stream(stream))
-        return lambda: self._run(state, KINDS.index(kind), send, recv, _OP_CODES.get(op, _NO_OP), root, marker)
+    def local_call(self, device, kind, send, recv, op, root):
+        return LocalCall(self, device, kind, send, recv, op, root)
 
     # -- one call -----------------------------------------------------------------------------------
-    def _run(self, state, kind, send, recv, op, root, marker):
+    def run(self, local, marker):
+        state = local.state
         device = state.device
         self.calls += 1
         call = self.calls
-        with device.current():
-            device.wait(state.stream, marker)
-            device.record(state.ready, state.stream)
-            state.spare_markers.append(marker)  # the wait above has taken the record it needs
-            self._publish_record(state, call, kind, send, recv, op, root)
-            self._wait_all("ready", call)
-            records = self.records.copy()
-            problem = _disagreement(records)
-            owners = [] if problem else _owners(records)
-            if self.local_rank in owners:
-                self._queue_share(state, records, owners, send, recv)
-            device.record(state.done, state.stream)
-            self._publish("done", call)
-            self._wait_all("done", call)
-            if problem:
-                raise CollectiveError(problem)
-            for owner in owners:
-                device.synchronize(state.done if owner == self.local_rank
-                                   else state.peer_event(records[owner]["done_event"]))
-
-    def _publish_record(self, state, call, kind, send, recv, op, root):
+        device.synchronize(marker)  # the caller's work on this rank's buffers is done: they may be shared
+        state.spare_markers.append(marker)
         mine = self.records[self.local_rank]
-        some = send if send is not None else recv
-        mine["kind"], mine["op"], mine["root"] = kind, op, root
-        mine["dtype"], mine["count"] = numpy.dtype(some.dtype).num, some.size
-        mine["device"] = state.device.key
-        for name, view in (("send", send), ("recv", recv)):
-            if view is not None:
-                handle, offset = state.device.export(view)
-                mine[f"{name}_handle"], mine[f"{name}_offset"] = _handle_field(handle), offset
-        mine["ready_event"], mine["done_event"] = state.ready_handle, state.done_handle
-        self._publish("ready", call)
+        if mine["call_id"] != local.id:
+            record = local.record
+            record["ready"], record["done"] = mine["ready"], mine["done"]  # only this rank writes them
+            self.records[self.local_rank] = record
+        self._publish(self._ready, call)
+        self._wait_all(self._ready, call, "ready")
+        call_ids = self._call_ids.tobytes()
+        plan = self._plans.get(call_ids)
+        if plan is None:
+            plan = self._plan(local, call_ids)
+        if plan.launch is not None:
+            with device.current():
+                plan.launch(state.stream)
+                device.synchronize_stream(state.stream)  # the results are in place before `done` says so
+        self._publish(self._done, call)
+        self._wait_all(self._done, call, "done")
 
-    def _publish(self, counter, call):
+    def _publish(self, column, call):
         self._win.Sync()  # what was written before the counter is visible before it
-        self.records[self.local_rank][counter] = call
+        column[self.local_rank] = call
 
-    def _wait_all(self, counter, call):
-        column = self.records[counter]
-        wait_until(lambda: column.min() >= call)
+    def _wait_all(self, column, call, what):
+        wait_for_column(column, call, self.wait_s, self._late)
         self._win.Sync()
 
-    def _queue_share(self, state, records, owners, send, recv):
-        """Queue my slice's kernel on my stream, after every rank's buffers are ready."""
+    def _late(self, column, call):
+        late = [rank for rank in range(self.local_size) if column[rank] < call]
+        return CollectiveError(
+            f"device collective {call}: local ranks {late} did not join within {self.wait_s:.0f} s; every rank "
+            "of a node must pass device buffers to a call when one does (or set SCAFFE_DEVICE_PATH=staged)")
+
+    def _plan(self, local, call_ids):
+        """Make (and keep) the plan for the calls the records name, after checking that they agree."""
+        records = self.records.copy()
+        failed = numpy.flatnonzero(records["failed"])
+        if failed.size:
+            rank = int(failed[0])
+            self._finish_failed()
+            raise CollectiveError(f"device collective on local rank {rank}: {records[rank]['error'].decode()}")
+        problem = _disagreement(records)
+        if problem:
+            self._finish_failed()
+            raise CollectiveError(problem)
+        owners = _owners(records)
+        launch = self._kernel(local, records, owners) if self.local_rank in owners else None
+        plan = self._plans[call_ids] = _Plan(launch)
+        self.plans_made += 1
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _finish_failed(self):
+        """Every rank raises the same error: none runs a kernel, all pass `done` before raising."""
+        call = self.calls
+        self._publish(self._done, call)
+        self._wait_all(self._done, call, "done")
+
+    def _kernel(self, local, records, owners):
+        """My slice's kernel, ready to launch on my stream (None when it has nothing to do)."""
         record = records[self.local_rank]
         count = int(record["count"])
-        dtype = send.dtype if send is not None else recv.dtype
+        dtype = numpy.dtype(local.send.dtype if local.send is not None else local.recv.dtype)
         index = owners.index(self.local_rank)
-        lo, hi = _slice(count, numpy.dtype(dtype).itemsize, len(owners), index)
-        inputs, outputs = self._operands(state, records, send, recv, dtype, count)
+        lo, hi = _slice(count, dtype.itemsize, len(owners), index)
+        inputs, outputs = self._operands(local, records, dtype, count)
         if len(inputs) == 1:
             outputs = [view for view in outputs if view is not inputs[0]]  # one rank in place: nothing to do
         if hi <= lo or not outputs:
-            return
-        device = state.device
-        for rank in range(self.local_size):
-            if rank != self.local_rank:
-                device.wait(state.stream, state.peer_event(records[rank]["ready_event"]))
-        op = "copy" if len(inputs) == 1 else _op_name(int(record["op"]))
-        device.reduce([view[lo:hi] for view in outputs], [view[lo:hi] for view in inputs], op, state.stream)
+            return None
+        op = "copy" if len(inputs) == 1 else ops.NAMES[int(record["op"])]
+        return local.state.device.prepare_reduce([view[lo:hi] for view in outputs],
+                                                 [view[lo:hi] for view in inputs], op)
 
-    def _operands(self, state, records, send, recv, dtype, count):
+    def _operands(self, local, records, dtype, count):
         """(inputs, outputs) of the kernel as views, each rank's own or mapped from its record."""
         kind, root = KINDS[int(records[0]["kind"])], int(records[0]["root"])
+        mapped = peers.of(local.state.device)
 
         def view(rank, name):
             if rank == self.local_rank:
-                return send if name == "send" else recv
+                return local.send if name == "send" else local.recv
             record = records[rank]
-            return state.peers.view(record[f"{name}_handle"].tobytes(), int(record[f"{name}_offset"]), count, dtype)
+            return mapped.view(int(record["pid"]), int(record[f"{name}_base"]), record[f"{name}_handle"].tobytes(),
+                               int(record[f"{name}_offset"]), count, dtype)
 
         everyone = range(self.local_size)
         if kind == "bcast":
@@ -212,13 +267,6 @@ class NodeIpc:
         if kind == "reduce":
             return inputs, [view(root, "recv")]
         return inputs, [view(rank, "recv") for rank in everyone]
-
-
-def _op_name(code):
-    for name, number in _OP_CODES.items():
-        if number == code:
-            return name
-    raise CollectiveError(f"unknown op code {code} in a device call record")
 
 
 def _disagreement(records):

@@ -25,3 +25,21 @@ def wait_until(ready):
             return
     while not ready():
         time.sleep(NAP_US * 1e-6)
+
+
+def wait_for_column(column, target, limit_s, late):
+    """Block until every entry of `column` (a numpy view of the ranks' counters) reaches `target`; after
+    `limit_s` seconds (None: never) raise late(column, target). The loop makes no Python calls of its own:
+    the device path's count of them per call stays what its own code makes."""
+    if column.min() >= target:
+        return
+    deadline = None if limit_s is None else time.monotonic() + limit_s
+    checks = 0
+    while column.min() < target:
+        checks += 1
+        if checks < YIELDS:
+            os.sched_yield()
+        else:
+            time.sleep(NAP_US * 1e-6)
+            if deadline is not None and time.monotonic() > deadline:
+                raise late(column, target)

@@ -2,6 +2,8 @@
 device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; and the
 pieces that need no MPI job: the stand-in itself, the registration cache, slices and owners.
 """
+import os
+
 import numpy
 import pytest
 
@@ -32,8 +34,13 @@ def test_staged_setting_copies_through_the_host():
     run_ok(2, "device_ipc.py", "--expect", "staged", *SOME, env={"SCAFFE_DEVICE_PATH": "staged"}, timeout=120)
 
 
+def test_a_comm_argument_picks_the_staged_path_over_the_setting():
+    run_ok(2, "device_ipc.py", "--expect", "staged", "--path-argument", "--ops", "sum", "--dtypes", "float32",
+           env={"SCAFFE_DEVICE_PATH": "direct"}, timeout=120)
+
+
 @pytest.mark.parametrize("ranks,gpus,forget", [
-    (2, "shared", "peer"), (4, "distinct", "caller"), (2, "pairs", "done"),
+    (2, "shared", "caller"), (4, "distinct", "caller"), (2, "pairs", "done"), (4, "shared", "done"),
 ])
 def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
     """ForgetfulDevice drops the owners' waits on the other ranks' ready events ("peer"), the wait that
@@ -67,34 +74,68 @@ def test_stand_in_streams_are_asynchronous_and_ordered():
     assert device.query(done)
 
 
-def test_stand_in_memory_and_events_open_by_handle():
+def test_stand_in_memory_opens_by_handle_once_per_live_address():
     owner, other = cpu_device.CpuDevice(seed=2), cpu_device.CpuDevice(seed=3)
     buf = owner.array((8,), numpy.float64)
     buf.write(numpy.arange(8.0))
     owner.default_stream.synchronize()
-    handle, offset = owner.export(buf[3:])
-    opened = other.view(other.open(handle), offset, 5, numpy.float64)
-    numpy.testing.assert_array_equal(opened.peek(), numpy.arange(3.0, 8.0))
-    event = owner.new_event(interprocess=True)
-    seen = other.open_event(owner.export_event(event))
-    assert other.query(seen)  # never recorded: complete, as a CUDA event is
-    owner.record(event, owner.new_stream())
-    other.synchronize(seen)
-    assert other.query(seen)
+    handle, base, offset = owner.export(buf[3:])
+    opened = other.open(handle)
+    numpy.testing.assert_array_equal(other.view(opened, offset, 5, numpy.float64).peek(), numpy.arange(3.0, 8.0))
+    with pytest.raises(RuntimeError, match="cudaErrorAlreadyMapped"):
+        other.open(handle)  # CUDA maps an address range once per process
+    other.close(opened)
+    other.close(other.open(handle))
 
 
-def test_peer_memory_opens_each_handle_once_and_evicts_the_oldest():
+def test_a_freed_address_comes_back_with_a_new_handle():
+    owner = cpu_device.CpuDevice(seed=6)
+    first = owner.array((4,), numpy.int64)
+    handle, base, _ = owner.export(first)
+    del first
+    held = [owner.array((4,), numpy.int64) for _ in range(64)]  # freed addresses come back lowest first
+    again = [owner.export(b)[0] for b in held if owner.export(b)[1] == base]
+    assert len(again) == 1 and again[0] != handle
+
+
+def _export(owner, buf):
+    handle, base, offset = owner.export(buf)
+    return os.getpid(), base, handle, offset
+
+
+def test_peer_memory_opens_each_allocation_once_and_evicts_the_oldest():
     owner, device = cpu_device.CpuDevice(seed=4), cpu_device.CpuDevice(seed=5)
     buffers = [owner.array((4,), numpy.int64) for _ in range(3)]
     peers = PeerMemory(device, capacity=2)
     for buf in buffers[:2] * 3:
-        peers.view(*owner.export(buf), 4, numpy.int64)
+        peers.view(*_export(owner, buf), 4, numpy.int64)
     assert peers.opens == 2
-    peers.view(*owner.export(buffers[2]), 4, numpy.int64)  # evicts buffers[0]'s mapping
-    peers.view(*owner.export(buffers[1]), 4, numpy.int64)
+    peers.view(*_export(owner, buffers[2]), 4, numpy.int64)  # evicts buffers[0]'s mapping
+    peers.view(*_export(owner, buffers[1]), 4, numpy.int64)
     assert peers.opens == 3
-    peers.view(*owner.export(buffers[0]), 4, numpy.int64)
+    peers.view(*_export(owner, buffers[0]), 4, numpy.int64)
     assert peers.opens == 4
+
+
+def test_peer_memory_closes_a_stale_mapping_before_opening_a_reused_address():
+    """A peer freed a buffer and got its address again with a new handle (numba's way): the cached
+    mapping is closed first, else the stand-in refuses the second mapping, as CUDA does."""
+    owner, device = cpu_device.CpuDevice(seed=7), cpu_device.CpuDevice(seed=8)
+    peers = PeerMemory(device)
+    buf = owner.array((4,), numpy.int64)
+    buf.write(numpy.arange(4))
+    owner.default_stream.synchronize()
+    stale = _export(owner, buf)
+    peers.view(*stale, 4, numpy.int64)
+    del buf
+    held = [owner.array((4,), numpy.int64) for _ in range(64)]  # freed addresses come back lowest first
+    buf = next(b for b in held if owner.export(b)[1] == stale[1])
+    buf.write(numpy.arange(10, 14))
+    owner.default_stream.synchronize()
+    fresh = _export(owner, buf)
+    assert fresh[1] == stale[1] and fresh[2] != stale[2]
+    numpy.testing.assert_array_equal(peers.view(*fresh, 4, numpy.int64).peek(), numpy.arange(10, 14))
+    assert peers.opens == 2
 
 
 def test_slices_cover_the_vector_on_aligned_boundaries():
@@ -154,3 +195,31 @@ def test_the_kernel_has_exactly_the_ops_mpi_defines():
             else:
                 with pytest.raises(ValueError, match="no kernel for"):
                     _reduce_raw.variant(op, dtype, 2, 1)
+
+
+# -- errors: the same one line on every local rank, never a hang -------------------------------------
+def test_a_rank_that_cannot_export_makes_every_rank_raise():
+    run_ok(2, "device_errors.py", "--mode", "export", timeout=60)
+
+
+def test_ranks_mixing_host_and_device_buffers_are_named_by_the_check():
+    run_ok(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_CHECK": 1}, timeout=60)
+
+
+def test_ranks_mixing_host_and_staged_device_buffers_pass_the_check():
+    run_ok(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_CHECK": 1, "SCAFFE_DEVICE_PATH": "staged"},
+           timeout=60)
+
+
+def test_a_rank_that_never_joins_ends_the_wait_with_an_error():
+    job = launch(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_STALL_S": 4}, timeout=60)
+    assert not job.timed_out and job.returncode != 0, job.report()
+    assert "did not join" in job.stderr and "SCAFFE_DEVICE_PATH=staged" in job.stderr, job.report()
+
+
+def test_cupy_arrays_in_host_memory_are_refused_not_passed(cupy_stand_in):
+    """The numpy-backed cupy makes host arrays: --memory cupy must say so, not pass every case on the host
+    path (why the GPU run read "0 of 31 calls took the direct path": the worker imported this cupy)."""
+    job = launch(2, "device_ipc.py", "--memory", "cupy", *SOME, timeout=60)
+    assert not job.timed_out and job.returncode != 0, job.report()
+    assert "makes arrays in host memory" in job.stderr, job.report()

@@ -5,18 +5,21 @@ processes in CI and a missing wait gives wrong results:
 - memory is an anonymous shared-memory file (memfd) that other processes map by its handle (its path
   under the owner's /proc/<pid>/fd while the owner holds it), as CUDA IPC maps a peer's allocation; it
   goes away with the last process that maps it, however the processes end (Linux only);
+- an allocation has an address, which a later allocation gets again once the array a test allocated is
+  gone (numba's and cupy's unpooled allocators do the same), with a new handle; `open` refuses to map an
+  address that this process still has mapped, as CUDA does (cudaErrorAlreadyMapped);
 - a stream is a worker thread running its queue in order, each piece of work after a random delay, so
   work queued on two streams finishes in any order and nothing is done when the call that queued it
   returns;
-- an event is a pair of counters in shared memory (records made, records completed), so another process
-  can open it by handle, wait on it from a stream, query it or block on it; a wait covers the records
-  made before it, as cudaStreamWaitEvent does.
+- an event is a pair of counters (records made, records completed) that a stream can wait on and the
+  host can query or block on; a wait covers the records made before it, as cudaStreamWaitEvent does.
 Every process has one such device per `CpuDevice`; `gpu` numbers the physical device it pretends to be,
 so that tests can put ranks on one shared device or on several.
 
 `DeviceArray` is the device buffer a test passes to a collective (and the flat view the collectives make
 of it); `register()` tells collectives.devices to serve it with a CpuDevice.
 """
+import heapq
 import itertools
 import mmap
 import os
@@ -37,13 +40,31 @@ _POLL_S = 100e-6
 # Numbers this process's allocations: a closed memfd's descriptor number comes back for the next one, and a
 # handle must never name two allocations (peers cache what they opened by handle, as for CUDA's handles).
 _serials = itertools.count()
+_ADDRESS_STEP = 1 << 32  # room for any test's allocation between two addresses
+_free_addresses = []  # addresses of allocations that are gone, handed out again lowest first (a heap)
+_next_address = itertools.count(1)
+
+
+def _take_address():
+    if _free_addresses:
+        return heapq.heappop(_free_addresses)
+    # Distinct between processes, as one device's unified address space keeps allocations apart.
+    return (os.getpid() << 48) + next(_next_address) * _ADDRESS_STEP
+
+
+class _Address:
+    """An allocation's address, given back when the array a test allocated goes (its views need not)."""
+
+    def __init__(self):
+        self.value = _take_address()
+        weakref.finalize(self, heapq.heappush, _free_addresses, self.value)
 
 
 class _Mapping:
     """Shared memory mapped into this process: made by its owner (path None) or opened by another from the
     owner's `path`, which stays valid while the owner's mapping lives."""
 
-    def __init__(self, nbytes, path=None):
+    def __init__(self, nbytes, path=None, address=0):
         size = max(nbytes, 1)
         if path is None:
             fd = os.memfd_create("scaffe-cpu-device")
@@ -57,7 +78,7 @@ class _Mapping:
                 self.memory = mmap.mmap(fd, size)
             finally:
                 os.close(fd)
-        self.path, self.nbytes, self.serial = path, nbytes, next(_serials)
+        self.path, self.nbytes, self.serial, self.address = path, nbytes, next(_serials), address
         self.bytes = numpy.frombuffer(self.memory, dtype=numpy.uint8)
 
 
@@ -65,8 +86,9 @@ class DeviceArray:
     """An array in stand-in device memory. The host touches it only through streams, `write` and `read`
     (which order themselves like CUDA's synchronous copies on the legacy default stream) and `peek`."""
 
-    def __init__(self, mapping, offset, shape, dtype, device):
+    def __init__(self, mapping, offset, shape, dtype, device, address=None):
         self.mapping, self.offset, self.device = mapping, offset, device
+        self.address = address  # held by the array a test allocated, not by its views
         self.dtype = numpy.dtype(dtype)
         self.shape = tuple(shape)
         self.size = int(numpy.prod(self.shape, dtype=numpy.int64))
@@ -145,6 +167,7 @@ class Stream:
                     work()
                 except BaseException as error:  # kept for synchronize to raise, as CUDA reports sticky errors
                     self.error = error
+            work = None  # what it held may go now (an array a test freed gives its address back)
 
     def synchronize(self):
         done = threading.Event()
@@ -186,7 +209,7 @@ class CpuDevice(devices.Device):
         self.seed = seed
         self._events = None  # this process's event file, made on first use
         self._next_slot = 0
-        self._event_files = {}  # path -> mapping of events opened from other processes
+        self._mapped = {}  # address -> what `open` mapped there, until `close`
         self.default_stream = Stream(self)
 
     # -- memory -------------------------------------------------------------------------------------
@@ -197,7 +220,8 @@ class CpuDevice(devices.Device):
         """A new DeviceArray of `shape` (what a test allocates its buffers with)."""
         dtype = numpy.dtype(dtype)
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
-        return DeviceArray(_Mapping(nbytes), 0, shape, dtype, self)
+        address = _Address()
+        return DeviceArray(_Mapping(nbytes, address=address.value), 0, shape, dtype, self, address)
 
     def pinned(self, count, dtype):
         return numpy.empty(count, dtype)  # the host's own memory: page-locking makes no difference here
@@ -206,17 +230,24 @@ class CpuDevice(devices.Device):
         return view.memory  # what a CUDA-aware MPI reads through the device pointer
 
     def export(self, view):
-        handle = f"{view.mapping.path}:{view.mapping.nbytes}:{view.mapping.serial}".encode()
+        mapping = view.mapping
+        handle = f"{mapping.path}:{mapping.nbytes}:{mapping.serial}:{mapping.address}".encode()
         if len(handle) > devices.HANDLE_BYTES:
             raise ValueError(f"stand-in handle {handle!r} is longer than {devices.HANDLE_BYTES} bytes")
-        return handle, view.offset
+        return handle, mapping.address, view.offset
 
     def open(self, handle):
-        path, nbytes, _ = bytes(handle).rstrip(b"\0").decode().split(":")
-        return _Mapping(int(nbytes), path)
+        path, nbytes, _, address = bytes(handle).rstrip(b"\0").decode().split(":")
+        address = int(address)
+        if address in self._mapped:
+            raise RuntimeError(f"cudaErrorAlreadyMapped: the stand-in address {address:#x} is mapped already; "
+                               "close the stale mapping first")
+        opened = self._mapped[address] = _Mapping(int(nbytes), path, address)
+        return opened
 
     def close(self, opened):
-        pass  # the mapping goes when the last view of it does, as the memory of a real unmapping would
+        # The memory goes when the last view of it does, as a real unmapping's would; the address is free.
+        del self._mapped[opened.address]
 
     def view(self, opened, offset, count, dtype):
         return DeviceArray(opened, offset, (count,), dtype, self)
@@ -253,7 +284,7 @@ class CpuDevice(devices.Device):
         stream.synchronize()
 
     # -- events -------------------------------------------------------------------------------------
-    def new_event(self, interprocess=False):
+    def new_event(self):
         if self._events is None:
             self._events = _Mapping(_EVENT_SLOTS * 16)
         if self._next_slot == _EVENT_SLOTS:
@@ -280,16 +311,6 @@ class CpuDevice(devices.Device):
 
     def synchronize(self, event):
         _wait_for(event, int(event.counters[0]), "an event synchronize")
-
-    def export_event(self, event):
-        return f"{event.mapping.path}#{event.slot}".encode()
-
-    def open_event(self, handle):
-        path, slot = bytes(handle).rstrip(b"\0").decode().rsplit("#", 1)
-        mapping = self._event_files.get(path)
-        if mapping is None:
-            mapping = self._event_files[path] = _Mapping(_EVENT_SLOTS * 16, path)
-        return Event(mapping, int(slot))
 
 
 def _memory(array):

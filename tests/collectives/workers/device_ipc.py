@@ -7,12 +7,14 @@ rank writes its input on the caller's stream just before the call (queued, so it
 checks its buffers as soon as the call returns, without synchronising anything: a call that does not
 order itself after the caller's work, or returns before its kernels have run, gives wrong results.
 
-    mpiexec -n 4 python device_ipc.py --gpus distinct [--forget peer|caller] [--expect staged]
+    mpiexec -n 4 python device_ipc.py --gpus distinct [--forget caller|done] [--expect staged]
 
 --gpus: which stand-in GPU each rank uses: shared (all one), distinct (one each), pairs (two per GPU).
 --forget plants a missing wait (ForgetfulDevice below); the job must then fail.
 --memory cupy runs the same cases on cupy arrays on the real GPUs (local rank % GPUs), where a check
-reads its buffer with cupy's get(), which waits for the legacy default stream only.
+reads its buffer with cupy's get(), which waits for the legacy default stream only. It refuses to run on
+arrays that are not device memory (the numpy-backed cupy of tests/stand_ins, say): every case would then
+pass on the host path and prove nothing about the direct one.
 """
 import argparse
 import itertools
@@ -22,9 +24,13 @@ from pathlib import Path
 import numpy
 from mpi4py import MPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "stand_ins"))
+# Appended, not prepended: tests/stand_ins holds a numpy-backed `cupy` too, which must not hide the real
+# one (it did, and --memory cupy then ran every case on host memory: "0 of 31 calls took the direct path").
+sys.path.append(str(Path(__file__).resolve().parents[2] / "stand_ins"))
 
+import collectives  # noqa: E402
 import cpu_device  # noqa: E402
+from collectives.devices import peers  # noqa: E402
 from worker_util import OPS, Worker, contribution, dtype_list, expected_reduction, op_list, valid  # noqa: E402
 
 SIZES = [1, 333, 5003]  # 5003 float64s make a slice for each of 4 owners (slices are 256-byte aligned)
@@ -35,23 +41,21 @@ FORGETFUL_ROUNDS = 10
 
 
 class ForgetfulDevice(cpu_device.CpuDevice):
-    """A stand-in device with a planted bug: it drops one kind of wait. "peer": an owner's stream waits on
-    the other ranks' ready events; "caller": the stream wait that orders a call after the caller's stream;
-    "done": the host's waits for the kernels to finish before the call returns."""
+    """A stand-in device with a planted bug: it drops one kind of wait. "caller": a rank's host wait for
+    the caller's stream before it says its buffers are ready; "done": an owner's host wait for its kernel
+    before it says the results are in place."""
 
     def __init__(self, forget, **kwargs):
         super().__init__(**kwargs)
         self.forget = forget
 
-    def wait(self, stream, event):
-        foreign = event.mapping is not self._events
-        if self.forget == ("peer" if foreign else "caller"):
-            return
-        super().wait(stream, event)
-
     def synchronize(self, event):
-        if self.forget != "done":
+        if self.forget != "caller":
             super().synchronize(event)
+
+    def synchronize_stream(self, stream):
+        if self.forget != "done":
+            super().synchronize_stream(stream)
 
 
 def gpu_of(local_rank, layout):
@@ -82,8 +86,12 @@ class CupyMemory:
 
     def __init__(self, local_rank):
         import cupy
+        from collectives.device import is_device_buffer
         self.cupy = cupy
         cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+        if not is_device_buffer(cupy.empty(1)):
+            raise SystemExit(f"--memory cupy: the cupy imported from {cupy.__file__} makes arrays in host memory; "
+                             "the direct path needs a real GPU")
 
     def array(self, n, dtype):
         return self.cupy.empty(n, dtype)
@@ -164,16 +172,53 @@ class Runner:
             w.comm.Allreduce(send, recv, MPI.SUM)
             self.calls += 1
             w.check(memory.peek(recv), expected_reduction("sum", inputs), "result")
-            opened.append(sum(state.peers.opens for state in w.comm.device_ipc._states.values()))
+            opened.append(sum(cache.opens for cache in peers._caches.values()))
         w.check_true(opened[-1] == opened[0], f"handles were opened again for the same buffers: {opened}")
+        plans = w.comm.device_ipc.plans_made
+        for time in range(times):
+            w.case(f"repeated allreduce {time}, plan kept")
+            memory.write(send, numpy.full(n, time + w.rank, dtype), None)
+            w.comm.Allreduce(send, recv, MPI.SUM)
+            self.calls += 1
+            w.check(memory.peek(recv), numpy.full(n, sum(time + r for r in range(w.size)), dtype), "result")
+        w.check_true(w.comm.device_ipc.plans_made == plans, "a repeated call made a new plan")
+        for time in range(times):
+            w.case(f"repeated in-place allreduce {time}")
+            memory.write(recv, numpy.full(n, time * w.rank, dtype), None)
+            w.comm.Allreduce(MPI.IN_PLACE, recv, MPI.SUM)
+            self.calls += 1
+            w.check(memory.peek(recv), numpy.full(n, sum(time * r for r in range(w.size)), dtype), "result")
+        w.check_true(w.comm.device_ipc.plans_made == plans + 1, "repeated in-place calls made new plans")
+
+    def reallocated(self, dtype=numpy.int64, n=700, times=4):
+        """Buffers freed and allocated again between calls, as numba allocates: a new allocation at a freed
+        one's address comes with a new handle, and the stale mapping must be closed before it is opened."""
+        w, memory = self.w, self.memory
+        seen = set()
+        reused = 0
+        for time in range(times):
+            w.case(f"reallocated buffers {time}")
+            send, recv = memory.array(n, dtype), memory.array(n, dtype)
+            addresses = {getattr(buf, "address", None) and buf.address.value for buf in (send, recv)}
+            reused += bool(addresses & seen)
+            seen |= addresses
+            inputs = [contribution("sum", dtype, n, r, w.cases) for r in range(w.size)]
+            memory.write(send, inputs[w.rank], None)
+            w.comm.Allreduce(send, recv, MPI.SUM)
+            self.calls += 1
+            w.check(memory.peek(recv), expected_reduction("sum", inputs), "result")
+            del send, recv
+        return reused
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", choices=["shared", "distinct", "pairs"], default="shared")
-    parser.add_argument("--forget", choices=["peer", "caller", "done"])
+    parser.add_argument("--forget", choices=["caller", "done"])
     parser.add_argument("--expect", choices=["direct", "staged"], default="direct")
     parser.add_argument("--memory", choices=["stand-in", "cupy"], default="stand-in")
+    parser.add_argument("--path-argument", action="store_true",
+                        help="ask for the --expect path with Comm's device_path, not SCAFFE_DEVICE_PATH")
     parser.add_argument("--ops", default="all")
     parser.add_argument("--dtypes", default="all")
     args = parser.parse_args()
@@ -185,7 +230,7 @@ def main():
         device = ForgetfulDevice(args.forget, **options) if args.forget else cpu_device.CpuDevice(**options)
         cpu_device.register(device)
         memory = StandInMemory(device)
-    w = Worker()
+    w = Worker(collectives.Comm(MPI.COMM_WORLD, device_path=args.expect) if args.path_argument else None)
     direct = args.expect == "direct"
     w.check_true(bool(w.comm.describe()) and (w.comm.device_ipc is not None) == direct,
                  f"SCAFFE_DEVICE_PATH should have given the {args.expect} path")
@@ -203,6 +248,8 @@ def main():
     runner.reduction("allreduce", "sum", numpy.dtype(numpy.int32), 0, 0, False, None)
     if direct:
         runner.repeated()
+        reused = runner.reallocated()
+        w.check_true(args.memory == "cupy" or reused, "no address was reused: the reallocation case tested nothing")
         w.check_true(w.comm.device_ipc.calls == runner.calls,
                      f"{w.comm.device_ipc.calls} of {runner.calls} calls took the direct path")
     w.done(f"device-ipc-{args.memory}-{args.gpus}")
