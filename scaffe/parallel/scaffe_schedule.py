@@ -138,6 +138,8 @@ class SCaffeSchedule(Schedule):
         finishing = len(self._reduces)  # this iteration's reduces that finish now; held ones start below
         if self.rank == self.root:
             self._budget.backward_done()
+            kept_up = self._per_piece and self._updated == finishing
+            held = sum(piece.diff.nbytes for _, piece in self._held)
         self._start_held()
         if self.rank == self.root:
             if not self._per_piece:
@@ -146,6 +148,7 @@ class SCaffeSchedule(Schedule):
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
             self._update_arrived(wait=True, until=finishing)
+            self._budget.measure(self._sent, self._sent + held, kept_up)
         self.wait_all([entry[-1] for entry in self._reduces[:finishing]] + [self._flags_reduce, self._announce],
                       "gradients")
         self._finish_propagation()
@@ -215,7 +218,7 @@ class SCaffeSchedule(Schedule):
             work = lambda: self.comm.Ireduce(buffer, None, op=MPI.SUM, root=self.root)  # noqa: E731
         request = self.order.start(work, after=after, label=piece.label("gradients", layer_id))
         if self.rank == self.root:
-            self._budget.posted(buffer.nbytes)
+            self._budget.started()
             self._reduces.append((piece, layer_id, None if buffer is piece.diff else buffer, step, request))
         return request
 
@@ -235,8 +238,6 @@ class SCaffeSchedule(Schedule):
                 if staged is not None:
                     piece.diff.fill(0)  # the diffs were (or will be) cleared for the next passes
             self._propagate(layer_id, piece, self.order.mark())
-        if self._updated == len(self._reduces):
-            self._budget.all_arrived()
 
     def _average(self, pieces):
         scale = numpy.float32(1.0 / self.size)
