@@ -69,7 +69,7 @@ class SCaffeSchedule(Schedule):
         self._incoming = {}    # layer index -> requests of held pieces that the next forward waits for
         self._staging = {}     # (layer index, piece index) -> where a held piece's gradient waits
         self._sent = 0         # bytes of gradients reduced during this backward
-        self._limit = UNLIMITED
+        self._limit = None     # this backward's budget, once the root's has arrived
         self.held_updates_in_forward = 0  # the root's updates of held pieces made during a forward
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
         # The root's sum of the last iteration's flags, then the budget of this iteration's backward.
