@@ -10,8 +10,16 @@ Per iteration:
   layers below still reduce: a large layer's reduce, update and propagation overlap each other
   instead of following each other whole. The other ranks post the matching Ibcasts right after
   their Ireduces of layer i. The root looks for arrived sums after each layer's backward.
-- on_gradients_ready: the root updates and broadcasts what is left; every rank waits for its
-  reduces and broadcasts, so each iteration ends with the same parameters everywhere.
+- Held pieces (scaffe.parallel.deferral): only the pieces that fit in the backward's budget of bytes,
+  in backward order, start during backward; the others are copied aside (the next iteration clears
+  the diffs) and their reduces start when backward is over, lowest layer first, so conv1's travel
+  ahead of fc6's tail. The root updates each of them during the next iteration's forward, at the
+  latest before its layer's forward, with the rate and iteration of the iteration whose gradients it
+  holds, and broadcasts it; every other rank's layer i forward waits for layer i's held pieces alone.
+  Before anything reads the parameters between iterations (a test, a snapshot, the end of
+  `Solver.step`) they all land: `on_parameters_read`.
+- on_gradients_ready: the root updates and broadcasts the rest of this iteration's pieces; every rank
+  waits for those reduces and broadcasts.
 - The first iteration's parameters come from the root by one Ibcast per layer in forward order,
   and layer i's forward waits only for layer i's.
 
@@ -28,7 +36,7 @@ layer i forward waits on the device for the event that marks layer i's parameter
 
 Stop/snapshot requests: each rank's flags go to the root in a tiny Ireduce started with the last
 layer's gradient reduce; the root passes their sum on in a tiny Ibcast started first in the next
-on_start. Every rank waits for both with the other collectives and acts on the broadcast sum at
+on_start, with the budget of that iteration's backward (every rank holds back the same pieces). Every rank waits for both with the other collectives and acts on the broadcast sum at
 the end of that iteration, so all ranks stop after the same update, with nothing left in flight.
 """
 import numpy
@@ -36,6 +44,7 @@ from mpi4py import MPI
 
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
+from scaffe.parallel.deferral import UNLIMITED, Budget, backward_bytes
 from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
 
@@ -46,18 +55,32 @@ class SCaffeSchedule(Schedule):
         self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
         self.piece_bytes = piece_bytes()
         self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first
+        # Held pieces finish after the iteration: not with clipping (every sum first) nor snapshot_diff
+        # (the snapshot would show their diff cleared).
+        holds = self._per_piece and not solver.param.snapshot_diff
+        self._budget = Budget(backward_bytes(), holds) if self.rank == self.root else None
         self._bcasts = {}      # layer index -> requests, for the first forward only
-        self._propagating = []  # (layer index, request) of this iteration's parameter broadcasts
-        self._reduces = []     # (piece, layer index, request) of this iteration's gradient reduces
-        self._updated = 0      # how many of them the root has updated and broadcast
+        self._propagating = []  # (layer index, request) of the parameter broadcasts to finish this iteration
+        # The root's work, in reduce order: (piece, layer index, staging buffer or None, (rate, iteration)
+        # of the update or None for this iteration's, request); the first `_updated` are done.
+        self._reduces = []
+        self._updated = 0
+        self._held = []        # (layer index, piece) whose reduce starts after backward
+        self._incoming = {}    # layer index -> requests of held pieces that the next forward waits for
+        self._staging = {}     # (layer index, piece index) -> where a held piece's gradient waits
+        self._sent = 0         # bytes of gradients reduced during this backward
+        self._limit = None     # this backward's budget, once the root's has arrived
+        self.held_updates_in_forward = 0  # the root's updates of held pieces made during a forward
         self._flags_up = numpy.zeros(self.flag_count, numpy.int32)    # this rank's, summed on the root
-        self._flags_down = numpy.zeros(self.flag_count, numpy.int32)  # the root's sum of the last iteration
+        # The root's sum of the last iteration's flags, then the budget of this iteration's backward.
+        self._flags_down = numpy.zeros(self.flag_count + 1, numpy.int64)
         self._announce = self._flags_reduce = None
         solver.applies_update = False  # the root updates blob by blob below, the others receive it
 
     def on_start(self):
         self.passes = 0
-        self._reduces, self._updated, self._propagating = [], 0, []
+        del self._reduces[:self._updated]  # what is left: held pieces of the last iteration
+        self._updated, self._propagating, self._sent, self._limit = 0, [], 0, None
         self._announce_requests()
         if self.synced:
             return
@@ -73,24 +96,33 @@ class SCaffeSchedule(Schedule):
         if requests:
             self.wait_all(requests, "parameters", layer_id)
             self.order.parameters_arrived(layer_id)
+        if self.rank == self.root:
+            self._update_held(layer_id)
+        else:
+            requests = self._incoming.pop(layer_id, None)
+            if requests:
+                self.wait_all(requests, "parameters", layer_id)
+                self.order.parameters_arrived(layer_id)
         self.order.parameters_needed(layer_id)
 
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
+        if self._limit is None:
+            self._limit = self._backward_limit()
         pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes)
-        computed = self.order.mark() if pieces else None  # layer_id's gradients, and its parameters are free
+        now = []
         for piece in pieces:
-            if self.rank == self.root:
-                work = lambda stream, diff=piece.diff: self.comm.Ireduce(  # noqa: E731
-                    MPI.IN_PLACE, diff, op=MPI.SUM, root=self.root, stream=stream)
+            if self._limit == UNLIMITED or self._sent + piece.diff.nbytes <= self._limit:
+                self._sent += piece.diff.nbytes
+                now.append(piece)
             else:
-                work = lambda stream, diff=piece.diff: self.comm.Ireduce(  # noqa: E731
-                    diff, None, op=MPI.SUM, root=self.root, stream=stream)
-            request = self.order.start(work, after=computed, label=piece.label("gradients", layer_id))
-            self._reduces.append((piece, layer_id, request))
+                self._held.append((layer_id, piece))
+        computed = self.order.mark() if now else None  # layer_id's gradients, and its parameters are free
+        for piece in now:
+            self._reduce(layer_id, piece, piece.diff, computed)
         if self.rank != self.root:
-            for piece in pieces:
+            for piece in now:
                 self._propagate(layer_id, piece, computed)
         elif self._per_piece:
             self._update_arrived(wait=False)
@@ -103,31 +135,111 @@ class SCaffeSchedule(Schedule):
         self.wait_all([request for requests in self._bcasts.values() for request in requests],
                       "parameters")  # parameters no forward asked for
         self._bcasts = {}
+        finishing = len(self._reduces)  # this iteration's reduces that finish now; held ones start below
+        if self.rank == self.root:
+            self._budget.backward_done()
+            kept_up = self._per_piece and self._updated == finishing
+            held = sum(piece.diff.nbytes for _, piece in self._held)
+        self._start_held()
         if self.rank == self.root:
             if not self._per_piece:
-                self.wait_all([request for _, _, request in self._reduces], "gradients")
-                self._average([piece for piece, _, _ in self._reduces])
+                self.wait_all([entry[-1] for entry in self._reduces], "gradients")
+                self._average([entry[0] for entry in self._reduces])
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
-            self._update_arrived(wait=True)
-        self.wait_all([request for _, _, request in self._reduces] + [self._flags_reduce, self._announce],
+            self._update_arrived(wait=True, until=finishing)
+            self._budget.measure(self._sent, self._sent + held, kept_up)
+        self.wait_all([entry[-1] for entry in self._reduces[:finishing]] + [self._flags_reduce, self._announce],
                       "gradients")
+        self._finish_propagation()
+        self.agreed = requests_from_flags(self._flags_down[:self.flag_count])
+
+    def on_parameters_read(self):
+        """Every held piece reduced, updated and in place on every rank."""
+        if self.rank == self.root:
+            self._update_arrived(wait=True)
+        else:
+            for layer_id in sorted(self._incoming):
+                self.wait_all(self._incoming.pop(layer_id), "parameters", layer_id)
+                self.order.parameters_arrived(layer_id)
+        self._finish_propagation()
+
+    def _finish_propagation(self):
         self.wait_all([request for _, request in self._propagating], "parameters")
         if self.rank != self.root:
             for layer_id in dict.fromkeys(layer_id for layer_id, _ in self._propagating):
                 self.order.parameters_arrived(layer_id)
-        self.agreed = requests_from_flags(self._flags_down)
+        self._propagating = []
+
+    # ------------------------------------------------------------ pieces held back until after backward
+
+    def _backward_limit(self):
+        """This backward's budget, from the root (each rank must hold back the same pieces)."""
+        if self.rank != self.root:
+            self.wait_all([self._announce], "gradients")
+        return int(self._flags_down[self.flag_count])
+
+    def _start_held(self):
+        """Reduce the held pieces, lowest layer first, from copies: the next iteration clears the diffs."""
+        held = sorted(self._held, key=lambda entry: entry[0])  # stable: a layer's pieces stay in order
+        self._held = []
+        for layer_id, piece in held:
+            staged = self._staging.get((layer_id, piece.index))
+            if staged is None:
+                staged = self._staging[layer_id, piece.index] = self.xp.empty_like(piece.diff)
+            staged[...] = piece.diff
+        copied = self.order.mark() if held else None
+        step = (self.solver.get_learning_rate(), self.solver.iter) if self.rank == self.root and held else None
+        for layer_id, piece in held:
+            staged = self._staging[layer_id, piece.index]
+            request = self._reduce(layer_id, piece, staged, copied, step)
+            if self.rank != self.root:
+                bcast = self.order.start(
+                    lambda stream, piece=piece: self.propagation.Ibcast(piece.data, root=self.root, stream=stream),
+                    after=copied, label=piece.label("parameters", layer_id))
+                self._incoming.setdefault(layer_id, []).extend([request, bcast])
+
+    def _update_held(self, layer_id):
+        """The root, before layer `layer_id`'s forward: its held pieces updated (waiting for their sums);
+        others that have arrived too."""
+        done = self._updated
+        self._update_arrived(wait=False)
+        last = [k for k in range(self._updated, len(self._reduces)) if self._reduces[k][1] == layer_id]
+        if last:
+            self._update_arrived(wait=True, until=last[-1] + 1)
+        self.held_updates_in_forward += self._updated - done
 
     # ------------------------------------------------------------ the root's update, piece by piece
 
-    def _update_arrived(self, wait):
-        """Update and broadcast, in reduce order, the pieces whose sums have arrived (all, with `wait`)."""
-        for piece, layer_id, _ in self.arrived(self._reduces, self._updated, wait):
+    def _reduce(self, layer_id, piece, buffer, after, step=None):
+        """Start the reduce of `buffer` (piece `piece`'s gradient) to the root once event `after` completed."""
+        if self.rank == self.root:
+            work = lambda stream: self.comm.Ireduce(  # noqa: E731
+                MPI.IN_PLACE, buffer, op=MPI.SUM, root=self.root, stream=stream)
+        else:
+            work = lambda stream: self.comm.Ireduce(buffer, None, op=MPI.SUM, root=self.root,  # noqa: E731
+                                                    stream=stream)
+        request = self.order.start(work, after=after, label=piece.label("gradients", layer_id))
+        if self.rank == self.root:
+            self._budget.started()
+            self._reduces.append((piece, layer_id, None if buffer is piece.diff else buffer, step, request))
+        return request
+
+    def _update_arrived(self, wait, until=None):
+        """Update and broadcast, in reduce order, the pieces whose sums have arrived (with `wait`, all up to
+        entry `until`, or all)."""
+        entries = self._reduces if until is None else self._reduces[:until]
+        for piece, layer_id, staged, step, _ in self.arrived(entries, self._updated, wait):
             self._updated += 1
+            rate, iteration = step if step is not None else (self.solver.get_learning_rate(), None)
             with timeline.updating():
+                if staged is not None:
+                    piece.diff[...] = staged
                 # Averaged here, or all at once before clipping.
-                self.solver.update_elements(piece.segments, self.solver.get_learning_rate(),
-                                            1.0 / self.size if self._per_piece else 1.0)
+                self.solver.update_elements(piece.segments, rate, 1.0 / self.size if self._per_piece else 1.0,
+                                            iteration)
+                if staged is not None:
+                    piece.diff.fill(0)  # the diffs were (or will be) cleared for the next passes
             self._propagate(layer_id, piece, self.order.mark())
 
     def _average(self, pieces):
@@ -147,7 +259,8 @@ class SCaffeSchedule(Schedule):
     def _announce_requests(self):
         # The root's _flags_up holds last iteration's sum (Ireduce in place); sent before it is reused.
         if self.rank == self.root:
-            self._flags_down[:] = self._flags_up
+            self._flags_down[:self.flag_count] = self._flags_up
+            self._flags_down[self.flag_count] = self._budget.value
         self._announce = self.order.start(lambda _: self.comm.Ibcast(self._flags_down, root=self.root))  # host flags
 
     def _gather_requests(self):

@@ -23,7 +23,7 @@ class AdamSolver(SGDSolver):
 
     def bias_correction(self):
         """sqrt(1 - beta2^t) / (1 - beta1^t) at t = iteration + 1, folded into the rate."""
-        t = self.iter + 1
+        t = (self.iter if self.update_iter is None else self.update_iter) + 1
         return numpy.float32(math.sqrt(1.0 - float(numpy.float32(self.param.momentum2)) ** t)
                              / (1.0 - float(numpy.float32(self.param.momentum)) ** t))
 

@@ -50,6 +50,7 @@ class SGDSolver(Solver):
             self.history = [blob.xp.zeros(blob.shape, dtype=blob.dtype)
                             for _ in range(self.history_sets) for blob in self.net.learnable_params]
         self._rate = None  # this update's rate, once asked for
+        self.update_iter = None  # the iteration whose gradients update_elements applies, while it runs
 
     def fused_scalars(self, rate):
         """The solver's own scalars of `update_kernel`, in the order of its parameters."""
@@ -82,11 +83,19 @@ class SGDSolver(Solver):
             self.compute_step(param_id, rate)
         self.net.update()
 
-    def update_elements(self, segments, rate, grad_scale=1.0):
+    def update_elements(self, segments, rate, grad_scale=1.0, iteration=None):
         """Elements start:stop of learnable blob param_id, for each (param_id, start, stop) of `segments`
         (a schedule's piece of a layer): gradients times `grad_scale` (a schedule's 1/P), then the per-blob
         pipeline on those elements alone and data -= diff. On a GPU the segments must follow each other in
-        the flat buffers: one kernel over their span."""
+        the flat buffers: one kernel over their span. `iteration`: the one whose gradients these are, where
+        a schedule finishes its update after `iter` moved on (Adam's bias correction counts it)."""
+        self.update_iter = self.iter if iteration is None else iteration
+        try:
+            self._update_elements(segments, rate, grad_scale)
+        finally:
+            self.update_iter = None
+
+    def _update_elements(self, segments, rate, grad_scale):
         if self.flat is None:
             for param_id, start, stop in segments:
                 part = slice(start, stop)

@@ -258,6 +258,7 @@ class Solver:
             self._report_iteration(loss, iter_start)
             if self._snapshot_or_stop():
                 break
+        self.parameters_read()  # whoever calls step next (pycaffe, solve) reads them
 
     def _test_due(self):
         p = self.param
@@ -349,9 +350,15 @@ class Solver:
 
     # ------------------------------------------------------------ testing
 
+    def parameters_read(self):
+        """The parameters are about to be read between iterations: every update still in flight lands."""
+        for cb in self.callbacks:
+            cb.on_parameters_read()
+
     def test_all(self):
         if self.test_sharding is None and not self.root_solver:
             return
+        self.parameters_read()
         if self.test_sharding is not None:
             for cb in self.callbacks:
                 cb.on_test_start()
@@ -427,6 +434,7 @@ class Solver:
 
     def snapshot(self):
         """Writes <prefix>_iter_<N>.caffemodel(.h5) and .solverstate(.h5), each atomically."""
+        self.parameters_read()
         self._snapshot_iter = self.iter
         if self.param.snapshot_format == caffe_pb2.SolverParameter.HDF5:
             model_filename = self.snapshot_filename(".caffemodel.h5")

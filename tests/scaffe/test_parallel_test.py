@@ -18,8 +18,8 @@ def report(log, pattern):
     return [line for line in lines if re.search(pattern, line)]
 
 
-def run(ranks, args):
-    with Job(ranks, args) as job:
+def run(ranks, args, env=None):
+    with Job(ranks, args, env) as job:
         assert job.finish(300) == 0, job.log[-3000:]
     return job.log
 
@@ -47,7 +47,10 @@ def train_and_read_tests(folder, ranks, batch, schedule="scaffe"):
     """Trains the tiny net 20 iterations, testing every 10; the log and the (iteration, accuracy, loss) of each test."""
     folder.mkdir()
     solver = write_tiny_solver(folder, batch=batch, max_iter=20, display=10, extra="test_iter: 5\ntest_interval: 10")
-    log = run(ranks, ["train", f"--solver={solver}", f"--schedule={schedule}", f"--log_csv={folder}/log.csv"])
+    # The scaffe schedule holds every piece back until after backward (a budget of 1 byte): each test must
+    # first see the last iteration's updates land.
+    log = run(ranks, ["train", f"--solver={solver}", f"--schedule={schedule}", f"--log_csv={folder}/log.csv"],
+              env={"SCAFFE_BACKWARD_BYTES": "1"})
     with open(folder / "log.csv", newline="") as f:
         scores = [(int(row["iteration"]), float(row["test0_accuracy"]), float(row["test0_loss"]))
                   for row in csv.DictReader(f) if row["test0_accuracy"]]

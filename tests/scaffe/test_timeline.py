@@ -171,28 +171,37 @@ def _pieces(op, layers):
     return [f"{op} {layer} [{k}/{PIECES[layer]}]" for layer in layers for k in range(1, PIECES[layer] + 1)]
 
 
+# With SCAFFE_BACKWARD_BYTES=100000 the pieces that fit in 100000 bytes, in backward order, are reduced during
+# backward (a piece that does not fit is held, a later smaller one may still fit); the held ones start after
+# backward, lowest layer first.
+DURING_BACKWARD = ["ip2 [1/2]", "ip2 [2/2]", "ip1 [1/28]", "ip1 [28/28]", "conv2 [3/3]", "conv1 [1/2]", "conv1 [2/2]"]
+HELD = ["conv2 [1/3]", "conv2 [2/3]"] + [f"ip1 [{k}/28]" for k in range(2, 28)]
+
+
 def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnist, tmp_path):
     """Every gradient Ireduce is named by its layer and piece and starts after that layer's backward, so the
     backward it overlaps can only be of layers below it; some do overlap one; parameters come by Ibcast,
-    layer by layer for the first forward, then piece by piece as the root updates them."""
+    layer by layer for the first forward, then piece by piece as the root updates them. Pieces beyond the
+    backward's budget go after backward, lowest layer first, and the root updates and sends them during the
+    next iteration's forward."""
     log = _train(tmp_path, 2, "--schedule=scaffe", f"--timeline={tmp_path / 't.json'}",
-                 env={"SCAFFE_PIECE_BYTES": "60000"})
+                 env={"SCAFFE_PIECE_BYTES": "60000", "SCAFFE_BACKWARD_BYTES": "100000"})
     assert re.search(r"Timeline written to .*; communication [\d.]+ ms over all ranks, [\d.]+% hidden behind "
                      r"compute \(rank 0 [\d.]+%, rank 1 [\d.]+%\)", log)
     trace = timeline.load(tmp_path / "t.json")
     index = {name: i for i, name in enumerate(LENET_TRAIN)}
-    backward_order = ("ip2", "ip1", "conv2", "conv1")
+    assert sorted(f"Ireduce {p}" for p in DURING_BACKWARD + HELD) == sorted(_pieces("Ireduce", PIECES))
     for rank in (0, 1):
         events = _complete(trace, rank)
         collectives = [e for e in events if e["cat"] == "collective"]
         reduces = [e for e in collectives if e["args"].get("carries") == "gradients"]
-        assert [e["name"] for e in reduces] == _pieces("Ireduce", backward_order) * 3
+        assert [e["name"] for e in reduces] == [f"Ireduce {p}" for p in DURING_BACKWARD + HELD] * 3
         assert all(e["args"]["bytes"] <= 60000 for e in reduces)
         # The first forward's parameters in forward order, a layer's blobs whole, then each iteration's new
         # ones piece by piece as the root's update of each piece arrives, in backward order.
         assert [e["name"] for e in collectives if e["args"].get("carries") == "parameters"] == [
-            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] + _pieces(
-            "Ibcast", backward_order) * 3
+            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] + [
+            f"Ibcast {p}" for p in DURING_BACKWARD + HELD] * 3
         # What else went is the ranks' stop/snapshot flags: a few bytes each iteration.
         assert all(e["args"]["bytes"] < 64 for e in collectives if "carries" not in e["args"])
         for lane in {e["tid"] for e in collectives}:  # a lane's slices follow each other, as Perfetto needs
@@ -205,6 +214,15 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
             assert own and own[-1]["ts"] + own[-1]["dur"] <= reduce["ts"] + 1e-3
         assert {e["name"] for e in events if e["cat"] == "wait" and "parameters" in e["name"]} <= {
             f"wait parameters ({layer})" for layer in ("conv1", "conv2", "ip1", "ip2")} | {"wait parameters"}
+    # The root updates the held pieces in the next iteration's forward, before ip1's (their last layer), and
+    # starts their Ibcasts there; the last iteration's at the end of training.
+    events = _complete(trace, 0)
+    iterations = [e for e in events if e["cat"] == "iteration"]
+    updates = [e["ts"] for e in events if e["cat"] == "update"]
+    ip1 = [e["ts"] for e in events if e["cat"] == "forward" and e["name"] == "ip1"]
+    for k in (1, 2):
+        assert sum(iterations[k]["ts"] <= t <= ip1[k] for t in updates) == len(HELD)
+    assert sum(t >= iterations[2]["ts"] + iterations[2]["dur"] for t in updates) == len(HELD)
     rows = timeline.gradient_overlap(trace)
     for row in rows:
         layer = row["collective"].split()[1]

@@ -8,6 +8,8 @@ cases); case k > 0 saves its weights in out.npz with `.k` before the suffix (out
 
 With --gpu the net lives on cupy (the stand-in, in CI), and the file also holds `host_syncs`: how often
 the training thread waited for the device inside the iterations between the first and the last.
+The scaffe schedule's root adds `held_updates_in_forward`: how many pieces held back after a backward it
+updated during the next forward.
 """
 import sys
 import threading
@@ -74,12 +76,13 @@ def train(schedule, settings, out):
         syncs = HostSyncs(solver, cupy._stand_in)
         solver.callbacks.insert(0, syncs)  # around every other callback's work
     case_comm = comm.Dup() if comm.size > 1 else None
-    if case_comm is not None:
-        make_distributed(solver, case_comm, schedule)
+    attached = make_distributed(solver, case_comm, schedule) if case_comm is not None else None
     solver.solve()
     solver.close()
     if comm.rank == 0:
         extra = {"host_syncs": syncs.count} if gpu else {}
+        if hasattr(attached, "held_updates_in_forward"):
+            extra["held_updates_in_forward"] = attached.held_updates_in_forward
         numpy.savez(out, *[sio.to_host(b.data) for b in solver.net.learnable_params], **extra)
 
 

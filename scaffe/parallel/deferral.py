@@ -1,0 +1,56 @@
+"""How much of an iteration's gradients the S-Caffe schedule reduces during backward: the budget.
+
+The pieces of gradients that fit in `budget` bytes, taken in backward order (the top layers first), start
+as their layer's backward ends; the rest start when backward is over, lowest layer first, and finish while the next
+iteration's forward runs: conv1's parameters, needed first, then travel ahead of fc6's tail instead
+of behind it, and that tail's reduce, update and broadcast hide behind the next forward's lower layers.
+
+SCAFFE_BACKWARD_BYTES sets the budget; unset, the root measures it each iteration from the reduces
+started during backward: if they had all arrived when backward ended, the wire kept up and the budget
+doubles (nothing is held once it covers every gradient); if not, the wire carried them at the rate
+`bytes / (last arrival - first start)`, and the budget is what that rate carries during the backward.
+The root sends the budget with the stop/snapshot flags' Ibcast, so every rank holds back the same
+pieces and posts its collectives in the same order.
+"""
+import time
+
+from collectives.settings import positive_int
+
+UNLIMITED = -1  # the budget's value on the wire when nothing is held back
+GROWTH_FLOOR = 1 << 20  # a budget that kept up grows to at least this many bytes, even from 0
+
+
+def backward_bytes():
+    """SCAFFE_BACKWARD_BYTES: the budget set by the user, None to measure it."""
+    return positive_int("SCAFFE_BACKWARD_BYTES")
+
+
+class Budget:
+    """The root's budget of bytes for each backward, set or measured."""
+
+    def __init__(self, fixed, holds=True):
+        """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back."""
+        self.fixed = fixed if holds else UNLIMITED
+        self.value = UNLIMITED if self.fixed is None else self.fixed
+        self._first = self._backward_end = None
+
+    def started(self):
+        """A gradient reduce of this backward started."""
+        if self._first is None:
+            self._first = time.perf_counter()
+
+    def backward_done(self):
+        self._backward_end = time.perf_counter()
+
+    def measure(self, sent, total, kept_up):
+        """Every reduce started during backward (`sent` bytes of this iteration's `total`) has arrived;
+        `kept_up`: they had all arrived when backward ended. Sets the budget of the iterations to come."""
+        first, self._first = self._first, None
+        if self.fixed is not None or first is None or self._backward_end is None:
+            return
+        if kept_up:
+            grown = max(2 * sent, GROWTH_FLOOR)
+            self.value = UNLIMITED if self.value == UNLIMITED or grown >= total else grown
+        else:
+            wire = time.perf_counter() - first
+            self.value = max(0, int(sent * (self._backward_end - first) / wire)) if wire > 0 else UNLIMITED
