@@ -15,11 +15,12 @@ import sys
 
 import numpy
 
+from collectives import settings
 from scaffe.data.lmdb_writer import LMDBWriter
 from scaffe.io import to_host
 from scaffe.log import get_logger
 from scaffe.net import Net, NetError
-from scaffe.parallel.launch import device_for_rank, launcher_local_rank, quiet_non_root, world
+from scaffe.parallel.launch import launcher_local_rank, quiet_non_root, world
 from scaffe.parallel.sharded_testing import ShardedTesting, shardable
 from scaffe.proto import caffe_pb2
 from scaffe.tools.gflags import run_tool
@@ -117,7 +118,7 @@ def _array_module(mode, device_id):
         raise RuntimeError("GPU: no CUDA GPU is usable here (cupy missing or no device); give CPU instead")
     count = cupy.cuda.runtime.getDeviceCount()
     if device_id is None:
-        device_id = device_for_rank(range(count), launcher_local_rank() or 0)
+        device_id = settings.gpu_for(launcher_local_rank() or 0, range(count), count)
     if not 0 <= device_id < count:
         raise RuntimeError(f"GPU device {device_id} does not exist")
     cupy.cuda.Device(device_id).use()

@@ -26,7 +26,8 @@ def one_rank_weights(mnist, tmp_path_factory):
 
 
 def assert_same_weights(got, expected):
-    assert got.files == expected.files
+    # The S-Caffe schedule's root also reports how many held pieces it updated during a forward.
+    assert [name for name in got.files if name != "held_updates_in_forward"] == expected.files
     for name in expected.files:
         scale = max(1.0, float(numpy.abs(expected[name]).max()))
         numpy.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5 * scale)

@@ -118,7 +118,7 @@ def test_compute_image_mean_matches_numpy(tmp_path, digits, capsys):
     assert (blob.num, blob.channels, blob.height, blob.width) == (1, 1, 28, 28)  # Caffe's legacy header
     numpy.testing.assert_allclose(io.read_mean_file(tmp_path / "mean.binaryproto"),
                                   images.mean(axis=0, dtype=numpy.float64), rtol=1e-6)
-    assert "mean_value channel [0]:" in capsys.readouterr().out
+    assert "mean_value channel [0]:" in capsys.readouterr().err  # glog lines, on stderr as Caffe's tool
 
 
 def test_convert_imageset_raw_and_encoded(tmp_path):

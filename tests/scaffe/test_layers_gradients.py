@@ -200,6 +200,7 @@ def test_every_layer_with_a_backward_is_checked():
     assert "Convolution" in known_types()   # imports every layer module, filling the registry
     checked = {c[1].split('"')[1] for c in CASES}
     no_gradient = {"Accuracy", "ArgMax", "Threshold", "Parameter", "Dropout"}   # Dropout TRAIN: see behaviour tests
+    no_gradient.add("Python")  # the user's backward: test_python_layer.py checks one by finite differences
     # Input and output layers (data readers, Input, HDF5Output...) live in other modules and have no gradient.
     io_modules = {"data", "hdf5_data", "input", "dummy_data", "memory_data", "hdf5_output", "image_data"}
     compute = {t for t, cls in _REGISTRY.items() if cls.__module__.rsplit(".", 1)[-1] not in io_modules
