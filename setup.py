@@ -14,7 +14,7 @@ setup(
                                     "scaffe", "scaffe.*", "perf", "perf.*"]),
     package_data={"scaffe": ["proto/*.proto"]},
     install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1",
-                      "pillow"],
+                      "pillow", "threadpoolctl"],
     extras_require={
         # The CUDA 12 compilers from PyPI (NVRTC, and NVVM with ptxas) let CI compile every CUDA kernel
         # without a GPU (tests/kernels/test_cuda_compile.py); about 130 MB of wheels, no cupy.

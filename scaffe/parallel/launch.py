@@ -15,6 +15,9 @@ LOCAL_RANK_VARIABLES = (
     "SLURM_LOCALID",               # srun
 )
 
+# How a user chooses the BLAS library's threads; with any of them set, share_cores leaves BLAS alone.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def launcher_local_rank(environ=os.environ):
     """This process's rank among those on its host, as its launcher set it, or None without a launcher.
@@ -41,6 +44,23 @@ def node_local_rank(comm):
     rank = node.Get_rank()
     node.Free()
     return rank
+
+
+def share_cores(comm, environ=os.environ):
+    """Each rank's BLAS threads set to its share of its host's cores, unless the user chose
+    (BLAS_THREAD_VARIABLES): OpenBLAS starts a thread per core in every rank, and its threads spin while
+    they wait, so ranks sharing a host slow each other down several times over (perf/RESULTS.md).
+    Collective. Returns the threads each rank's BLAS got, or None where the user chose."""
+    if any(environ.get(name) for name in BLAS_THREAD_VARIABLES):
+        return None
+    from mpi4py import MPI
+    from threadpoolctl import threadpool_limits
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_ranks = node.Get_size()
+    node.Free()
+    threads = max(1, len(os.sched_getaffinity(0)) // local_ranks)
+    threadpool_limits(limits=threads, user_api="blas")
+    return threads
 
 
 def world():
@@ -132,6 +152,10 @@ def make_distributed(solver, comm, schedule):
     from scaffe.parallel import attach
     rank, size = comm.Get_rank(), comm.Get_size()
     collectives.install_abort_hook(comm)
+    threads = share_cores(comm)
+    if rank == 0 and threads is not None:
+        log.info("BLAS: %d thread(s) per rank, its share of its host's cores (OPENBLAS_NUM_THREADS or "
+                 "OMP_NUM_THREADS chooses otherwise)", threads)
     shard_training_data(solver, rank, size)
     fast = collectives.Comm(comm)
     topology = fast.describe()  # collective: sets the communicator up on every rank

@@ -78,6 +78,33 @@ def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path):
         assert any(numpy.abs(a[n]).sum() > 0 for n in a.files)
 
 
+SHARE_CORES = """
+import os
+from mpi4py import MPI
+from threadpoolctl import threadpool_info
+from scaffe.parallel.launch import share_cores
+got = share_cores(MPI.COMM_WORLD)
+blas = sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+print("threads", got, blas, len(os.sched_getaffinity(0)))
+"""
+
+
+def test_ranks_sharing_a_host_share_its_cores_in_blas():
+    """Each of 2 ranks on a host gets half its cores for BLAS (OpenBLAS would start one thread per core in
+    each and spin them), unless OPENBLAS_NUM_THREADS says otherwise."""
+    env = {name: value for name, value in os.environ.items() if name not in ("OPENBLAS_NUM_THREADS",
+                                                                           "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    cores = len(os.sched_getaffinity(0))
+    share = max(1, cores // 2)
+    for chosen, expected in ((None, f"{share} [{share}] {cores}"), (str(cores), f"None [{cores}] {cores}")):
+        job_env = env if chosen is None else dict(env, OPENBLAS_NUM_THREADS=chosen)
+        done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", SHARE_CORES], cwd=ROOT, env=job_env,
+                              capture_output=True, text=True, timeout=120, start_new_session=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        lines = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("threads ")]
+        assert lines == [expected, expected], done.stdout
+
+
 def test_mpiexec_scaffe_train_lenet(mnist, tmp_path):
     """`mpiexec -n 2 scaffe train` trains LeNet on the bundled MNIST to >= 0.95 test accuracy."""
     solver = tmp_path / "solver.prototxt"
