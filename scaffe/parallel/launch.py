@@ -34,31 +34,31 @@ def launcher_local_rank(environ=os.environ):
     return None
 
 
-def node_local_rank(comm):
-    """This process's rank among those of `comm` on its host (MPI's shared-memory split; collective), or
-    None for a single process, which picks its device as a process without a launcher does."""
+def host_place(comm):
+    """(this process's rank among the ranks of `comm` on its host, their number), from MPI's shared-memory
+    split (collective): hosts as MPI sees them, whatever SCAFFE_RANKS_PER_NODE simulates."""
     from mpi4py import MPI
-    if comm.Get_size() == 1:
-        return None
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    rank = node.Get_rank()
+    place = node.Get_rank(), node.Get_size()
     node.Free()
-    return rank
+    return place
 
 
-def share_cores(comm, environ=os.environ):
-    """Each rank's BLAS threads set to its share of its host's cores, unless the user chose
-    (BLAS_THREAD_VARIABLES): OpenBLAS starts a thread per core in every rank, and its threads spin while
-    they wait, so ranks sharing a host slow each other down several times over (perf/RESULTS.md).
-    Collective. Returns the threads each rank's BLAS got, or None where the user chose."""
+def node_local_rank(comm):
+    """This process's rank among those of `comm` on its host (collective), or None for a single process,
+    which picks its device as a process without a launcher does."""
+    return None if comm.Get_size() == 1 else host_place(comm)[0]
+
+
+def share_cores(host_ranks, environ=os.environ):
+    """This rank's BLAS threads set to its share of its host's cores, `host_ranks` ranks sharing them, unless
+    the user chose (BLAS_THREAD_VARIABLES): OpenBLAS starts a thread per core in every rank, and its threads
+    spin while they wait, so ranks sharing a host slow each other down several times over
+    (perf/RESULTS.md). Returns the threads this rank got, or None where the user chose."""
     if any(environ.get(name) for name in BLAS_THREAD_VARIABLES):
         return None
-    from mpi4py import MPI
     from threadpoolctl import threadpool_limits
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_ranks = node.Get_size()
-    node.Free()
-    threads = max(1, len(os.sched_getaffinity(0)) // local_ranks)
+    threads = max(1, len(os.sched_getaffinity(0)) // host_ranks)
     threadpool_limits(limits=threads, user_api="blas")
     return threads
 
@@ -122,14 +122,11 @@ def training_records(net):
     return None
 
 
-def describe_data_parallelism(solver, comm):
-    """The root's log lines on what the job trains on: global batch, ranks, hosts, shards, epoch."""
-    from mpi4py import MPI
+def describe_data_parallelism(solver, comm, host_rank):
+    """The root's log lines on what the job trains on: global batch, ranks, hosts, shards, epoch
+    (`host_rank`: this rank's place on its host, from host_place; collective)."""
     size = comm.Get_size()
-    # Hosts as MPI sees them (ranks that can share memory), whatever SCAFFE_RANKS_PER_NODE simulates.
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    hosts = comm.allreduce(int(node.Get_rank() == 0))
-    node.Free()
+    hosts = comm.allreduce(int(host_rank == 0))
     if comm.Get_rank() != 0:
         return
     per_rank, iter_size = solver.net.batch_size, solver.param.iter_size
@@ -152,7 +149,8 @@ def make_distributed(solver, comm, schedule):
     from scaffe.parallel import attach
     rank, size = comm.Get_rank(), comm.Get_size()
     collectives.install_abort_hook(comm)
-    threads = share_cores(comm)
+    host_rank, host_ranks = host_place(comm)
+    threads = share_cores(host_ranks)
     if rank == 0 and threads is not None:
         log.info("BLAS: %d thread(s) per rank, its share of its host's cores (OPENBLAS_NUM_THREADS or "
                  "OMP_NUM_THREADS chooses otherwise)", threads)
@@ -162,5 +160,5 @@ def make_distributed(solver, comm, schedule):
     share_testing(solver, fast)
     if rank == 0:
         log.info("Data-parallel training on %d ranks (%s schedule); %s", size, schedule, topology)
-    describe_data_parallelism(solver, fast)
+    describe_data_parallelism(solver, fast, host_rank)
     return attach(solver, fast, schedule)

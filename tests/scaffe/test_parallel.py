@@ -79,17 +79,18 @@ def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path):
 
 
 SHARE_CORES = """
-import os
+import os, sys
 from mpi4py import MPI
 from threadpoolctl import threadpool_info
-from scaffe.parallel.launch import share_cores
-got = share_cores(MPI.COMM_WORLD)
+from scaffe.parallel.launch import host_place, share_cores
+got = share_cores(host_place(MPI.COMM_WORLD)[1])
 blas = sorted({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
-print("threads", got, blas, len(os.sched_getaffinity(0)))
+with open(f"{sys.argv[1]}.{MPI.COMM_WORLD.Get_rank()}", "w") as report:  # the ranks' stdout may interleave
+    print(got, blas, len(os.sched_getaffinity(0)), file=report)
 """
 
 
-def test_ranks_sharing_a_host_share_its_cores_in_blas():
+def test_ranks_sharing_a_host_share_its_cores_in_blas(tmp_path):
     """Each of 2 ranks on a host gets half its cores for BLAS (OpenBLAS would start one thread per core in
     each and spin them), unless OPENBLAS_NUM_THREADS says otherwise."""
     env = {name: value for name, value in os.environ.items() if name not in ("OPENBLAS_NUM_THREADS",
@@ -98,11 +99,12 @@ def test_ranks_sharing_a_host_share_its_cores_in_blas():
     share = max(1, cores // 2)
     for chosen, expected in ((None, f"{share} [{share}] {cores}"), (str(cores), f"None [{cores}] {cores}")):
         job_env = env if chosen is None else dict(env, OPENBLAS_NUM_THREADS=chosen)
-        done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", SHARE_CORES], cwd=ROOT, env=job_env,
-                              capture_output=True, text=True, timeout=120, start_new_session=True)
+        report = tmp_path / f"threads-{chosen}"
+        done = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", SHARE_CORES, str(report)], cwd=ROOT,
+                              env=job_env, capture_output=True, text=True, timeout=120, start_new_session=True)
         assert done.returncode == 0, done.stderr[-3000:]
-        lines = [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("threads ")]
-        assert lines == [expected, expected], done.stdout
+        lines = [Path(f"{report}.{rank}").read_text().strip() for rank in range(2)]
+        assert lines == [expected, expected], lines
 
 
 def test_mpiexec_scaffe_train_lenet(mnist, tmp_path):
