@@ -1,7 +1,11 @@
-"""The CUDA driver, asked directly through ctypes: is there one, and is a pointer's memory on a device.
+"""The CUDA driver, asked directly through ctypes: is there one, is a pointer's memory on a device; and the
+repeated launch of a loaded kernel with its arguments packed once.
 
 Asked through libcuda itself rather than numba or cupy: the question needs neither of them nor a
-context, and it must be answerable (as "no driver") on machines without CUDA at all.
+context, and it must be answerable (as "no driver") on machines without CUDA at all. A launch through
+cuLaunchKernel with a parameter array built once costs the host a foreign call where cupy's RawKernel
+converts every argument again (7.6 against 9.0 us a launch, 13.6 against 19.1 us with the stream's
+synchronisation, on an H100's host: perf/RESULTS.md).
 """
 import ctypes
 import functools
@@ -13,6 +17,7 @@ _CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
 _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
 _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+_CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 _CU_MEMORYTYPE_DEVICE = 2
 
 
@@ -29,6 +34,10 @@ def _driver():
         library.cuPointerGetAttributes.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int),
                                                    ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong]
         library.cuPointerGetAttributes.restype = ctypes.c_int
+        library.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        library.cuLaunchKernel.restype = ctypes.c_int
+        library.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        library.cuStreamSynchronize.restype = ctypes.c_int
         return library
     return None
 
@@ -58,17 +67,42 @@ def is_device_memory(pointer):
 
 
 def allocation(pointer):
-    """(start, buffer id, device ordinal, IPC capable) of the device allocation holding `pointer`.
+    """(start, size, buffer id, device ordinal, IPC capable) of the device allocation holding `pointer`.
 
     The buffer id is unique to an allocation for the life of the process, unlike its address, which a
     later allocation may reuse; memory from cudaMallocAsync pools is not CUDA-IPC capable.
     """
-    wanted = (_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    wanted = (_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, _CU_POINTER_ATTRIBUTE_RANGE_SIZE, _CU_POINTER_ATTRIBUTE_BUFFER_ID,
               _CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
     values = [ctypes.c_uint64(0) for _ in wanted]  # wide enough for each; the int-sized ones fill the low half
     data = (ctypes.c_void_p * len(wanted))(*(ctypes.addressof(v) for v in values))
     status = _driver().cuPointerGetAttributes(len(wanted), (ctypes.c_int * len(wanted))(*wanted), data, pointer)
     if status != 0:
         raise RuntimeError(f"the CUDA driver could not describe the allocation of {pointer:#x} (CUresult {status})")
-    start, buffer_id, ordinal, capable = (v.value for v in values)
-    return start, buffer_id, ordinal & 0xFFFFFFFF, bool(capable & 0xFFFFFFFF)
+    start, size, buffer_id, ordinal, capable = (v.value for v in values)
+    return start, size, buffer_id, ordinal & 0xFFFFFFFF, bool(capable & 0xFFFFFFFF)
+
+
+class Launch:
+    """A loaded kernel (`function`, a CUfunction) with its grid and its arguments (ctypes scalars) packed
+    into cuLaunchKernel's parameter array once; calling it with a stream's handle queues the kernel there,
+    in the calling thread's current context."""
+
+    def __init__(self, function, blocks, threads, arguments):
+        self._arguments = arguments  # the parameter array points into them
+        self._parameters = (ctypes.c_void_p * len(arguments))(*(ctypes.addressof(a) for a in arguments))
+        self._function, self._blocks, self._threads = function, blocks, threads
+        self._launch = _driver().cuLaunchKernel
+
+    def __call__(self, stream):
+        status = self._launch(self._function, self._blocks, 1, 1, self._threads, 1, 1, 0, stream, self._parameters,
+                              None)
+        if status:
+            raise RuntimeError(f"cuLaunchKernel failed (CUresult {status})")
+
+
+def synchronize_stream(stream):
+    """Block until the work queued on the stream with handle `stream` has finished (the GIL released)."""
+    status = _driver().cuStreamSynchronize(stream)
+    if status:
+        raise RuntimeError(f"cuStreamSynchronize failed (CUresult {status})")

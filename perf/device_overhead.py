@@ -1,4 +1,4 @@
-"""Host cost of a repeated device collective on the CPU stand-in device: microseconds and Python calls.
+"""Host cost of a repeated device collective on the CPU stand-in device (or a GPU): microseconds and Python calls.
 
 A proxy that runs without a GPU for what a repeated call costs the host before any data moves (issue 22:
 about 1,000 Python function calls a call on the GPU). Each rank serves its buffers with the stand-in
@@ -6,9 +6,11 @@ device of tests/stand_ins/cpu_device.py, without its random delays; the same buf
 again, as a training loop passes its gradients. Rank 0 (the root) prints, per call kind, the median host
 time of a call and the Python function calls made in the collectives' own code (cProfile, only functions
 defined under collectives/; the stand-in device's and numpy's are not counted). The counts are
-deterministic; the times are whatever the machine gives.
+deterministic; the times are whatever the machine gives. With `--device cupy` (or `numba`) the buffers are
+cupy (numba) arrays on the GPU instead (every rank on GPU 0), and `--top N` lists the N functions that took most of the root's
+own time (cProfile's tottime, every package), to see where a real device's call goes.
 
-    mpiexec -n 4 python perf/device_overhead.py [--calls 200] [--count 1024]
+    mpiexec -n 4 python perf/device_overhead.py [--calls 200] [--count 1024] [--device cupy|numba] [--top 15]
 """
 import argparse
 import cProfile
@@ -46,8 +48,9 @@ def calls_of(comm, kind, send, recv):
     return lambda: comm.Bcast(recv, 0)
 
 
-def measure(comm, call, calls):
-    """(median microseconds of a call, Python calls per call in the collectives' code) on this rank."""
+def measure(comm, call, calls, top=0):
+    """(median microseconds of a call, Python calls per call in the collectives' code) on this rank; the
+    `top` functions by own time are printed on rank 0."""
     for _ in range(10):
         call()  # the first calls map buffers and build what later ones reuse
     times = []
@@ -63,6 +66,8 @@ def measure(comm, call, calls):
     for _ in range(profiled):
         call()
     profile.disable()
+    if top and comm.Get_rank() == 0:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(top)
     return statistics.median(times) * 1e6, own_calls(profile) / profiled
 
 
@@ -70,22 +75,34 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--count", type=int, default=1024, help="float32 elements per buffer")
+    parser.add_argument("--device", choices=["stand-in", "cupy", "numba"], default="stand-in")
+    parser.add_argument("--top", type=int, default=0, help="functions to list by the root's own time")
     args = parser.parse_args()
-    local_rank = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
-    device = cpu_device.CpuDevice(gpu=0, max_delay_s=0.0, seed=local_rank)
-    cpu_device.register(device)
+    if args.device == "cupy":
+        import cupy
+        send, recv = cupy.ones(args.count, cupy.float32), cupy.zeros(args.count, cupy.float32)
+        cupy.cuda.Device().synchronize()
+    elif args.device == "numba":
+        from numba import cuda
+        send, recv = cuda.to_device(numpy.ones(args.count, numpy.float32)), cuda.device_array(args.count, numpy.float32)
+        cuda.synchronize()
+    else:
+        local_rank = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+        device = cpu_device.CpuDevice(gpu=0, max_delay_s=0.0, seed=local_rank)
+        cpu_device.register(device)
+        send, recv = device.array((args.count,), numpy.float32), device.array((args.count,), numpy.float32)
+        send.write(numpy.ones(args.count))
+        recv.write(numpy.zeros(args.count))
     comm = collectives.Comm(MPI.COMM_WORLD.Dup())
     comm.describe()
-    send, recv = device.array((args.count,), numpy.float32), device.array((args.count,), numpy.float32)
-    send.write(numpy.ones(args.count))
-    recv.write(numpy.zeros(args.count))
     rows = []
     for kind in ("Reduce", "Allreduce", "Bcast"):
-        rows.append((kind, *measure(comm, calls_of(comm, kind, send, recv), args.calls)))
+        rows.append((kind, *measure(comm, calls_of(comm, kind, send, recv), args.calls, args.top)))
     if comm.Get_rank() == 0:
         size = comm.Get_size()
         for kind, micros, calls in rows:
-            print(f"{kind:9s} ranks={size} count={args.count} host_us={micros:8.1f} python_calls={calls:6.1f}")
+            print(f"{kind:9s} ranks={size} count={args.count} device={args.device} host_us={micros:8.1f} "
+                  f"python_calls={calls:6.1f}")
     comm.Free()
 
 

@@ -66,14 +66,14 @@ def bounds():
 def _bound_kernels(size):
     import cupy
 
-    from kernels.cuda_sources import launch
+    from kernels.cuda_sources import THREADS, blocks, launch
     count = size // 4
     inputs = [cupy.full(count, k + 1, dtype=cupy.float32) for k in range(RANKS)]
     outputs = [cupy.empty(count, dtype=cupy.float32) for _ in range(RANKS)]
-    blocks = min(1 << 16, -(-count // 256))
-    ms = _device_ms(lambda: launch("scaffe_bound_sum4_float32", blocks, 256, *inputs, outputs[0], count))
+    grid = blocks(count)
+    ms = _device_ms(lambda: launch("scaffe_bound_sum4_float32", grid, THREADS, *inputs, outputs[0], count))
     print(f"RESULT fused_sum4_us {size} {ms * 1e3:.2f}", flush=True)
-    ms = _device_ms(lambda: launch("scaffe_bound_allreduce4_float32", blocks, 256, *inputs, *outputs, count))
+    ms = _device_ms(lambda: launch("scaffe_bound_allreduce4_float32", grid, THREADS, *inputs, *outputs, count))
     print(f"RESULT fused_allreduce4_us {size} {ms * 1e3:.2f}", flush=True)
     if not all(bool((out == sum(range(1, RANKS + 1))).all()) for out in outputs):
         raise AssertionError("a fused bound kernel summed wrongly")

@@ -45,9 +45,10 @@ class Device:
         return view
 
     def export(self, view):
-        """(handle, base, offset): the IPC handle (bytes) of the allocation holding `view`, the allocation's
-        base address and `view`'s byte offset in it. Exporting an allocation again gives the same handle;
-        a new allocation at a freed one's base gives another (collectives.devices.peers relies on both)."""
+        """(handle, base, size, offset): the IPC handle (bytes) of the allocation holding `view`, the
+        allocation's base address and size in bytes, and `view`'s byte offset in it. Exporting an
+        allocation again gives the same handle; a new allocation where freed ones were gives another
+        (collectives.devices.peers relies on both)."""
         raise NotImplementedError
 
     def open(self, handle):
@@ -90,6 +91,11 @@ class Device:
     def synchronize_stream(self, stream):
         """Block until all work queued on `stream` so far has finished."""
         raise NotImplementedError
+
+    def idle(self, stream):
+        """Whether every piece of work an event recorded on `stream` now would wait for has finished,
+        known without queueing anything (False where the device cannot tell)."""
+        return False
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):

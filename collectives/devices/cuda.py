@@ -5,6 +5,7 @@ Streams are cupy Stream objects (the caller's own, or an ExternalStream around a
 events are raw cudaEvent_t handles, created without timing (cheaper to record and wait on). Every call
 runs with this device current, since the collectives' progress thread has no current device of its own.
 """
+import ctypes
 import hashlib
 
 import numpy
@@ -16,6 +17,7 @@ from collectives.errors import CollectiveError
 _EVENT_DISABLE_TIMING = 0x02  # cudaEventDisableTiming
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the (unified) addresses
 _NOT_READY = 600  # cudaErrorNotReady
+_LEGACY_STREAM = 1  # cudaStreamLegacy, as __cuda_array_interface__ names the legacy default stream
 _EXPORTS_KEPT = 4096  # exported handles remembered (64 bytes each), by allocation
 
 _devices = {}  # device ordinal -> CudaDevice
@@ -27,7 +29,7 @@ def device_for(view):
         import cupy  # noqa: F401
     except ImportError:
         return None
-    ordinal = cuda_driver.allocation(_pointer(view))[2]
+    ordinal = cuda_driver.allocation(_pointer(view))[3]
     device = _devices.get(ordinal)
     if device is None:
         device = _devices[ordinal] = CudaDevice(ordinal)
@@ -69,7 +71,7 @@ class CudaDevice(Device):
 
     def export(self, view):
         pointer = _pointer(view)
-        start, buffer_id, _, capable = cuda_driver.allocation(pointer)
+        start, size, buffer_id, _, capable = cuda_driver.allocation(pointer)
         if not capable:
             raise CollectiveError(f"device buffer at {pointer:#x} cannot be shared through CUDA IPC (memory from "
                                   "cudaMallocAsync pools cannot); allocate it with cudaMalloc (cupy's default "
@@ -80,7 +82,7 @@ class CudaDevice(Device):
                 self._exported.clear()
             with self._device:
                 kept = self._exported[start] = (buffer_id, self._runtime.ipcGetMemHandle(start))
-        return kept[1], start, pointer - start
+        return kept[1], start, size, pointer - start
 
     def open(self, handle):
         with self._device:
@@ -134,20 +136,21 @@ class CudaDevice(Device):
         from kernels._reduce_raw import raw_kernel
         from kernels.cuda_sources import THREADS, blocks
         kernel = raw_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
-        grid, block = (blocks(count),), (THREADS,)
         # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike, and the launch
         # keeps none of them (their owners decide when the memory goes).
-        arguments = (*(numpy.uint64(_pointer(view)) for view in (*inputs, *outputs)), numpy.int64(count))
-        device = self._device
-
-        def launch(stream):
-            with device, stream:
-                kernel(grid, block, arguments)
-
-        return launch
+        arguments = [ctypes.c_uint64(_pointer(view)) for view in (*inputs, *outputs)] + [ctypes.c_int64(count)]
+        with self._device:
+            function = kernel.kernel.ptr  # compiled and loaded for this device on first use
+        launch = cuda_driver.Launch(function, blocks(count), THREADS, arguments)
+        return lambda stream: launch(stream.ptr)
 
     def synchronize_stream(self, stream):
-        stream.synchronize()
+        cuda_driver.synchronize_stream(stream.ptr)
+
+    def idle(self, stream):
+        # The legacy default stream's query covers its own work only, not the blocking streams' that an
+        # event recorded on it would wait for.
+        return stream.ptr not in (0, _LEGACY_STREAM) and stream.done
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):

@@ -3,10 +3,14 @@
 Opening a CUDA IPC handle maps the peer's allocation (tens of microseconds), so an allocation a peer has
 shown us stays mapped: a training loop reduces the same buffers every step and pays for the mapping once.
 A mapping is kept under its allocation's (exporting process, base address) and remembers the handle it
-was opened from. A peer that frees a buffer and allocates another at the same address (numba, cupy
-without a pool and PyTorch's caching allocator do) exports a new handle for it: the stale mapping is
-closed before the new one is opened, since CUDA refuses to map an address range that is still mapped
-(cudaErrorAlreadyMapped). The least recently used mappings are closed beyond `capacity`.
+was opened from and the allocation's size. A peer that frees buffers and allocates others where they
+were (numba, cupy without a pool and PyTorch's caching allocator do) exports new handles for them, at the
+same base or at one whose range covers freed ones: every mapping of that peer whose range the new
+allocation overlaps is stale and is closed before the new one is opened, since CUDA refuses to map a
+range that is still mapped (cudaErrorAlreadyMapped). Should CUDA refuse all the same (it maps some
+allocations by larger regions), every mapping of that peer is closed and the open tried once more, as
+UCX's CUDA IPC cache does. The least recently used mappings are closed beyond `capacity`. `closes`
+counts every close: a plan holding mapped pointers is valid only while it has not moved.
 """
 import collections
 
@@ -26,29 +30,47 @@ def of(device):
 class PeerMemory:
     """Views of other processes' memory on one `device`, from what they exported."""
 
-    def __init__(self, device, capacity=256):
+    def __init__(self, device, capacity=1024):
         self.device = device
-        self.capacity = capacity  # well above the 2 buffers per local rank that one call maps
-        self._opened = collections.OrderedDict()  # (pid, base) -> (handle bytes, what device.open returned)
+        self.capacity = capacity  # a training step's buffers, 2 per peer rank and call, with room to spare
+        self._opened = collections.OrderedDict()  # (pid, base) -> (handle bytes, size, what device.open returned)
         self.opens = 0  # how many handles were actually opened (the tests check the cache with it)
+        self.closes = 0
 
-    def view(self, pid, base, handle, offset, count, dtype):
-        """A view of `count` `dtype` elements at `offset` in process `pid`'s allocation at `base`."""
+    def view(self, pid, base, size, handle, offset, count, dtype):
+        """A view of `count` `dtype` elements at `offset` in process `pid`'s allocation of `size` bytes at
+        `base`, which it exported as `handle`."""
         key, handle = (pid, base), bytes(handle)
         entry = self._opened.get(key)
-        if entry is not None and entry[0] != handle:
-            del self._opened[key]
-            self.device.close(entry[1])  # the peer's address now holds another allocation
-            entry = None
-        if entry is None:
-            entry = self._opened[key] = (handle, self.device.open(handle))
-            self.opens += 1
-            while len(self._opened) > self.capacity:
-                self.device.close(self._opened.popitem(last=False)[1][1])
+        if entry is None or entry[0] != handle:
+            entry = self._open(pid, base, size, handle)
         else:
             self._opened.move_to_end(key)
-        return self.device.view(entry[1], offset, count, numpy.dtype(dtype))
+        return self.device.view(entry[2], offset, count, numpy.dtype(dtype))
+
+    def _open(self, pid, base, size, handle):
+        end = base + max(size, 1)
+        self._close_where(lambda p, b, s: p == pid and b < end and base < b + max(s, 1))  # stale: freed
+        try:
+            opened = self.device.open(handle)
+        except Exception as error:
+            if "AlreadyMapped" not in str(error):  # cupy's and the stand-in's cudaErrorAlreadyMapped
+                raise
+            self._close_where(lambda p, b, s: p == pid)
+            opened = self.device.open(handle)
+        entry = self._opened[(pid, base)] = (handle, size, opened)
+        self.opens += 1
+        while len(self._opened) > self.capacity:
+            self._close(next(iter(self._opened)))
+        return entry
+
+    def _close_where(self, stale):
+        for key in [(p, b) for (p, b), (_, s, _) in self._opened.items() if stale(p, b, s)]:
+            self._close(key)
+
+    def _close(self, key):
+        self.device.close(self._opened.pop(key)[2])
+        self.closes += 1
 
     def close(self):
-        while self._opened:
-            self.device.close(self._opened.popitem()[1][1])
+        self._close_where(lambda *_: True)

@@ -5,8 +5,10 @@ Each call, every local rank publishes a record in a small shared-memory window: 
 two counters. `ready` says its buffers may be read and written: the rank raises it once its own process
 has seen the caller's work on them complete (an ordinary event recorded on the caller's stream, or the
 legacy default stream, when the call is made, and synchronised by the caller for a blocking call, by the
-progress thread for an I* call). No process ever waits on another process's event: on one GPU such a
-wait costs 150-300 us per peer, a host-side flag about a microsecond (issue 22's measurements).
+progress thread for an I* call; no event at all where the caller's stream is idle already, so that only
+the kernels' owners queue work on the GPU during a call). No process ever waits on another process's
+event: on one GPU such a wait costs 150-300 us per peer, a host-side flag about a microsecond (issue 22's
+measurements).
 
 Then the owners of the vector's slices each run one fused kernel on their own stream that reads the
 slice from every local rank's buffer (mapped through the registration cache, collectives.devices.peers)
@@ -48,7 +50,8 @@ _RECORD = numpy.dtype([
     ("call_id", numpy.int64), ("failed", numpy.int64),
     ("kind", numpy.int64), ("op", numpy.int64), ("dtype", numpy.int64), ("count", numpy.int64),
     ("root", numpy.int64), ("device", numpy.int64), ("pid", numpy.int64),
-    ("send_base", numpy.uint64), ("send_offset", numpy.int64), ("recv_base", numpy.uint64), ("recv_offset", numpy.int64),
+    ("send_base", numpy.uint64), ("send_size", numpy.uint64), ("send_offset", numpy.int64),
+    ("recv_base", numpy.uint64), ("recv_size", numpy.uint64), ("recv_offset", numpy.int64),
     ("send_handle", numpy.uint8, HANDLE_BYTES), ("recv_handle", numpy.uint8, HANDLE_BYTES),
     ("error", f"S{_ERROR_BYTES}"),
 ])
@@ -72,14 +75,18 @@ class _DeviceState:
         self.spare_markers = collections.deque()  # taken by callers, given back by whoever ran the call
 
     def mark(self, stream):
-        """An event recorded now on the caller's `stream` (None: the legacy default stream)."""
+        """An event recorded now on the caller's `stream` (None: the legacy default stream), or None when
+        that stream is idle already: then no other process's kernel shares the GPU with this one's."""
         device = self.device
+        user = device.user_stream(stream)
+        if device.idle(user):
+            return None
         try:
             marker = self.spare_markers.pop()
         except IndexError:
             marker = device.new_event()
         with device.current():
-            device.record(marker, device.user_stream(stream))
+            device.record(marker, user)
         return marker
 
 
@@ -105,9 +112,9 @@ class LocalCall:
         try:
             for name, view in (("send", send), ("recv", recv)):
                 if view is not None:
-                    handle, base, offset = device.export(view)
+                    handle, base, size, offset = device.export(view)
                     record[f"{name}_handle"] = _handle_field(handle)
-                    record[f"{name}_base"], record[f"{name}_offset"] = base, offset
+                    record[f"{name}_base"], record[f"{name}_size"], record[f"{name}_offset"] = base, size, offset
         except Exception as error:  # every local rank must hear of it, or they wait for this rank forever
             record["failed"] = self.failed = True
             record["error"] = f"{type(error).__name__}: {error}".encode()[:_ERROR_BYTES]
@@ -121,10 +128,11 @@ class LocalCall:
 
 class _Plan:
     """What one owner runs for a call the local ranks' ids name: its kernel, ready to launch (None: this
-    rank owns no slice, or its slice has nothing to do)."""
+    rank owns no slice, or its slice has nothing to do), valid while the registration cache it took the
+    peers' pointers from has closed no mapping (`closes`)."""
 
-    def __init__(self, launch):
-        self.launch = launch
+    def __init__(self, launch, mapped):
+        self.launch, self.mapped, self.closes = launch, mapped, mapped.closes
 
 
 class NodeIpc:
@@ -172,8 +180,9 @@ class NodeIpc:
         device = state.device
         self.calls += 1
         call = self.calls
-        device.synchronize(marker)  # the caller's work on this rank's buffers is done: they may be shared
-        state.spare_markers.append(marker)
+        if marker is not None:
+            device.synchronize(marker)  # the caller's work on this rank's buffers is done: they may be shared
+            state.spare_markers.append(marker)
         mine = self.records[self.local_rank]
         if mine["call_id"] != local.id:
             record = local.record
@@ -183,7 +192,7 @@ class NodeIpc:
         self._wait_all(self._ready, call, "ready")
         call_ids = self._call_ids.tobytes()
         plan = self._plans.get(call_ids)
-        if plan is None:
+        if plan is None or plan.closes != plan.mapped.closes:
             plan = self._plan(local, call_ids)
         if plan.launch is not None:
             with device.current():
@@ -219,8 +228,9 @@ class NodeIpc:
             self._finish_failed()
             raise CollectiveError(problem)
         owners = _owners(records)
-        launch = self._kernel(local, records, owners) if self.local_rank in owners else None
-        plan = self._plans[call_ids] = _Plan(launch)
+        mapped = peers.of(local.state.device)
+        launch = self._kernel(local, records, owners, mapped) if self.local_rank in owners else None
+        plan = self._plans[call_ids] = _Plan(launch, mapped)
         self.plans_made += 1
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
@@ -232,14 +242,14 @@ class NodeIpc:
         self._publish(self._done, call)
         self._wait_all(self._done, call, "done")
 
-    def _kernel(self, local, records, owners):
+    def _kernel(self, local, records, owners, mapped):
         """My slice's kernel, ready to launch on my stream (None when it has nothing to do)."""
         record = records[self.local_rank]
         count = int(record["count"])
         dtype = numpy.dtype(local.send.dtype if local.send is not None else local.recv.dtype)
         index = owners.index(self.local_rank)
         lo, hi = _slice(count, dtype.itemsize, len(owners), index)
-        inputs, outputs = self._operands(local, records, dtype, count)
+        inputs, outputs = self._operands(local, records, dtype, count, mapped)
         if len(inputs) == 1:
             outputs = [view for view in outputs if view is not inputs[0]]  # one rank in place: nothing to do
         if hi <= lo or not outputs:
@@ -248,17 +258,16 @@ class NodeIpc:
         return local.state.device.prepare_reduce([view[lo:hi] for view in outputs],
                                                  [view[lo:hi] for view in inputs], op)
 
-    def _operands(self, local, records, dtype, count):
-        """(inputs, outputs) of the kernel as views, each rank's own or mapped from its record."""
+    def _operands(self, local, records, dtype, count, mapped):
+        """(inputs, outputs) of the kernel as views, each rank's own or mapped (by `mapped`) from its record."""
         kind, root = KINDS[int(records[0]["kind"])], int(records[0]["root"])
-        mapped = peers.of(local.state.device)
 
         def view(rank, name):
             if rank == self.local_rank:
                 return local.send if name == "send" else local.recv
             record = records[rank]
-            return mapped.view(int(record["pid"]), int(record[f"{name}_base"]), record[f"{name}_handle"].tobytes(),
-                               int(record[f"{name}_offset"]), count, dtype)
+            return mapped.view(int(record["pid"]), int(record[f"{name}_base"]), int(record[f"{name}_size"]),
+                               record[f"{name}_handle"].tobytes(), int(record[f"{name}_offset"]), count, dtype)
 
         everyone = range(self.local_size)
         if kind == "bcast":

@@ -79,7 +79,7 @@ def test_stand_in_memory_opens_by_handle_once_per_live_address():
     buf = owner.array((8,), numpy.float64)
     buf.write(numpy.arange(8.0))
     owner.default_stream.synchronize()
-    handle, base, offset = owner.export(buf[3:])
+    handle, base, _, offset = owner.export(buf[3:])
     opened = other.open(handle)
     numpy.testing.assert_array_equal(other.view(opened, offset, 5, numpy.float64).peek(), numpy.arange(3.0, 8.0))
     with pytest.raises(RuntimeError, match="cudaErrorAlreadyMapped"):
@@ -91,7 +91,7 @@ def test_stand_in_memory_opens_by_handle_once_per_live_address():
 def test_a_freed_address_comes_back_with_a_new_handle():
     owner = cpu_device.CpuDevice(seed=6)
     first = owner.array((4,), numpy.int64)
-    handle, base, _ = owner.export(first)
+    handle, base, _, _ = owner.export(first)
     del first
     held = [owner.array((4,), numpy.int64) for _ in range(64)]  # freed addresses come back lowest first
     again = [owner.export(b)[0] for b in held if owner.export(b)[1] == base]
@@ -99,8 +99,8 @@ def test_a_freed_address_comes_back_with_a_new_handle():
 
 
 def _export(owner, buf):
-    handle, base, offset = owner.export(buf)
-    return os.getpid(), base, handle, offset
+    handle, base, size, offset = owner.export(buf)
+    return os.getpid(), base, size, handle, offset
 
 
 def test_peer_memory_opens_each_allocation_once_and_evicts_the_oldest():
@@ -133,7 +133,7 @@ def test_peer_memory_closes_a_stale_mapping_before_opening_a_reused_address():
     buf.write(numpy.arange(10, 14))
     owner.default_stream.synchronize()
     fresh = _export(owner, buf)
-    assert fresh[1] == stale[1] and fresh[2] != stale[2]
+    assert fresh[1] == stale[1] and fresh[3] != stale[3]
     numpy.testing.assert_array_equal(peers.view(*fresh, 4, numpy.int64).peek(), numpy.arange(10, 14))
     assert peers.opens == 2
 
@@ -223,3 +223,57 @@ def test_cupy_arrays_in_host_memory_are_refused_not_passed(cupy_stand_in):
     job = launch(2, "device_ipc.py", "--memory", "cupy", *SOME, timeout=60)
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "makes arrays in host memory" in job.stderr, job.report()
+
+
+def test_peer_memory_closes_every_stale_mapping_a_new_allocation_overlaps():
+    """Two freed buffers' range comes back as one larger allocation (an OSU sweep's doubling sizes on
+    numba): both stale mappings are closed first, else the stand-in refuses the range, as CUDA does."""
+    owner, device = cpu_device.CpuDevice(seed=9), cpu_device.CpuDevice(seed=10)
+    peers = PeerMemory(device)
+    pair = [owner.array((64,), numpy.int32) for _ in range(2)]  # 256 bytes each, side by side
+    live = owner.array((64,), numpy.int32)
+    stale = [_export(owner, buf) for buf in pair]
+    for exported in stale + [_export(owner, live)]:
+        peers.view(*exported, 64, numpy.int32)
+    assert stale[1][1] == stale[0][1] + 256
+    del pair
+    held = [owner.array((128,), numpy.int32) for _ in range(64)]  # freed ranges come back lowest first
+    wide = next(b for b in held if owner.export(b)[1] == stale[0][1])
+    wide.write(numpy.arange(128, dtype=numpy.int32))
+    owner.default_stream.synchronize()
+    fresh = _export(owner, wide)
+    assert fresh[1] == stale[0][1] and fresh[2] == 512
+    numpy.testing.assert_array_equal(peers.view(*fresh, 128, numpy.int32).peek(), numpy.arange(128))
+    peers.view(*_export(owner, live), 64, numpy.int32)  # still mapped: only the stale ones were closed
+    assert (peers.opens, peers.closes) == (4, 2)
+
+
+class _RegionDevice(cpu_device.CpuDevice):
+    """Refuses the next `refusals` opens as CUDA does where it maps a region larger than the allocation
+    and a stale mapping holds part of it."""
+
+    refusals = 1
+
+    def open(self, handle):
+        if self.refusals:
+            self.refusals -= 1
+            raise RuntimeError("cudaErrorAlreadyMapped: resource already mapped (planted)")
+        return super().open(handle)
+
+
+def test_peer_memory_closes_the_peers_mappings_when_cuda_still_refuses():
+    owner, device = cpu_device.CpuDevice(seed=11), _RegionDevice(seed=12)
+    device.refusals = 0
+    peers = PeerMemory(device)
+    kept = [owner.array((4,), numpy.int64) for _ in range(2)]
+    for buf in kept:
+        peers.view(*_export(owner, buf), 4, numpy.int64)
+    device.refusals = 1
+    third = owner.array((4,), numpy.int64)
+    peers.view(*_export(owner, third), 4, numpy.int64)  # refused once, then opened after closing the others
+    assert (peers.opens, peers.closes) == (3, 2)
+    peers.view(*_export(owner, kept[0]), 4, numpy.int64)  # opened again where it was closed
+    assert peers.opens == 4
+    device.refusals = 2
+    with pytest.raises(RuntimeError, match="AlreadyMapped"):
+        peers.view(*_export(owner, kept[1]), 4, numpy.int64)  # refused twice: the error is CUDA's

@@ -1,13 +1,16 @@
 """scaffe.draw (pycaffe's caffe.draw): the Graphviz graph of a net through pydot; drawing it needs Graphviz's
-`dot`, which a pip-only machine lacks, so those cases skip there while the graph itself is always checked."""
+`dot`, which a pip-only machine lacks, so those cases skip there while the graph itself is checked wherever
+pydot (the `draw` extra, which the test install has) is installed."""
 import shutil
 from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 
-from scaffe import draw
 from scaffe.proto import caffe_pb2
+
+pytest.importorskip("pydot")
+from scaffe import draw  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LENET = EXAMPLES / "mnist" / "lenet_train_test.prototxt"

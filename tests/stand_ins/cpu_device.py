@@ -5,9 +5,10 @@ processes in CI and a missing wait gives wrong results:
 - memory is an anonymous shared-memory file (memfd) that other processes map by its handle (its path
   under the owner's /proc/<pid>/fd while the owner holds it), as CUDA IPC maps a peer's allocation; it
   goes away with the last process that maps it, however the processes end (Linux only);
-- an allocation has an address, which a later allocation gets again once the array a test allocated is
-  gone (numba's and cupy's unpooled allocators do the same), with a new handle; `open` refuses to map an
-  address that this process still has mapped, as CUDA does (cudaErrorAlreadyMapped);
+- an allocation has an address range, handed out first fit from the ranges of arrays that are gone
+  (adjacent ones merged), so a later allocation gets a freed one's address, or a range covering
+  several freed ones, with a new handle, as numba's and cupy's unpooled allocators do; `open` refuses
+  to map a range that overlaps one this process still has mapped, as CUDA does (cudaErrorAlreadyMapped);
 - a stream is a worker thread running its queue in order, each piece of work after a random delay, so
   work queued on two streams finishes in any order and nothing is done when the call that queued it
   returns;
@@ -19,7 +20,7 @@ so that tests can put ranks on one shared device or on several.
 `DeviceArray` is the device buffer a test passes to a collective (and the flat view the collectives make
 of it); `register()` tells collectives.devices to serve it with a CpuDevice.
 """
-import heapq
+import bisect
 import itertools
 import mmap
 import os
@@ -40,24 +41,43 @@ _POLL_S = 100e-6
 # Numbers this process's allocations: a closed memfd's descriptor number comes back for the next one, and a
 # handle must never name two allocations (peers cache what they opened by handle, as for CUDA's handles).
 _serials = itertools.count()
-_ADDRESS_STEP = 1 << 32  # room for any test's allocation between two addresses
-_free_addresses = []  # addresses of allocations that are gone, handed out again lowest first (a heap)
-_next_address = itertools.count(1)
+_ADDRESS_ALIGN = 256  # as cudaMalloc's
+_free_ranges = []  # [start, size] of address ranges whose arrays are gone, by start, adjacent ones merged
+_untouched = {}  # pid -> the lowest address no allocation has had yet
 
 
-def _take_address():
-    if _free_addresses:
-        return heapq.heappop(_free_addresses)
+def _take_range(nbytes):
+    size = -(-max(nbytes, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
+    for index, (start, free) in enumerate(_free_ranges):
+        if free >= size:  # first fit
+            if free == size:
+                del _free_ranges[index]
+            else:
+                _free_ranges[index] = [start + size, free - size]
+            return start
     # Distinct between processes, as one device's unified address space keeps allocations apart.
-    return (os.getpid() << 48) + next(_next_address) * _ADDRESS_STEP
+    start = _untouched.get(os.getpid(), os.getpid() << 48)
+    _untouched[os.getpid()] = start + size
+    return start
+
+
+def _give_back(start, nbytes):
+    size = -(-max(nbytes, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
+    index = bisect.bisect(_free_ranges, [start, size])
+    _free_ranges.insert(index, [start, size])
+    if index + 1 < len(_free_ranges) and start + size == _free_ranges[index + 1][0]:
+        _free_ranges[index][1] += _free_ranges.pop(index + 1)[1]
+    if index and sum(_free_ranges[index - 1]) == start:
+        _free_ranges[index - 1][1] += _free_ranges.pop(index)[1]
 
 
 class _Address:
-    """An allocation's address, given back when the array a test allocated goes (its views need not)."""
+    """An allocation's address, its range given back when the array a test allocated goes (its views
+    need not)."""
 
-    def __init__(self):
-        self.value = _take_address()
-        weakref.finalize(self, heapq.heappush, _free_addresses, self.value)
+    def __init__(self, nbytes):
+        self.value = _take_range(nbytes)
+        weakref.finalize(self, _give_back, self.value, nbytes)
 
 
 class _Mapping:
@@ -150,10 +170,14 @@ class Stream:
         self._queue = queue.Queue()
         self._random = random.Random(device.seed)
         self.error = None
+        self.queued = self.finished = 0  # pieces of work queued and finished (cudaStreamQuery's answer)
+        self._count_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="cpu-device-stream", daemon=True)
         self._thread.start()
 
     def enqueue(self, work):
+        with self._count_lock:
+            self.queued += 1
         self._queue.put(work)
 
     def _run(self):
@@ -168,6 +192,7 @@ class Stream:
                 except BaseException as error:  # kept for synchronize to raise, as CUDA reports sticky errors
                     self.error = error
             work = None  # what it held may go now (an array a test freed gives its address back)
+            self.finished += 1
 
     def synchronize(self):
         done = threading.Event()
@@ -220,7 +245,7 @@ class CpuDevice(devices.Device):
         """A new DeviceArray of `shape` (what a test allocates its buffers with)."""
         dtype = numpy.dtype(dtype)
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
-        address = _Address()
+        address = _Address(nbytes)
         return DeviceArray(_Mapping(nbytes, address=address.value), 0, shape, dtype, self, address)
 
     def pinned(self, count, dtype):
@@ -234,15 +259,17 @@ class CpuDevice(devices.Device):
         handle = f"{mapping.path}:{mapping.nbytes}:{mapping.serial}:{mapping.address}".encode()
         if len(handle) > devices.HANDLE_BYTES:
             raise ValueError(f"stand-in handle {handle!r} is longer than {devices.HANDLE_BYTES} bytes")
-        return handle, mapping.address, view.offset
+        return handle, mapping.address, mapping.nbytes, view.offset
 
     def open(self, handle):
         path, nbytes, _, address = bytes(handle).rstrip(b"\0").decode().split(":")
-        address = int(address)
-        if address in self._mapped:
-            raise RuntimeError(f"cudaErrorAlreadyMapped: the stand-in address {address:#x} is mapped already; "
-                               "close the stale mapping first")
-        opened = self._mapped[address] = _Mapping(int(nbytes), path, address)
+        address, nbytes = int(address), int(nbytes)
+        end = address + max(nbytes, 1)
+        for other in self._mapped.values():
+            if other.address < end and address < other.address + max(other.nbytes, 1):
+                raise RuntimeError(f"cudaErrorAlreadyMapped: the stand-in range at {address:#x} overlaps the "
+                                   f"mapped one at {other.address:#x}; close the stale mapping first")
+        opened = self._mapped[address] = _Mapping(nbytes, path, address)
         return opened
 
     def close(self, opened):
@@ -282,6 +309,10 @@ class CpuDevice(devices.Device):
 
     def synchronize_stream(self, stream):
         stream.synchronize()
+
+    def idle(self, stream):
+        # The default stream stands for CUDA's legacy one, whose query would not cover other streams.
+        return stream is not self.default_stream and stream.finished == stream.queued
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):

@@ -190,19 +190,21 @@ class Runner:
             w.check(memory.peek(recv), numpy.full(n, sum(time * r for r in range(w.size)), dtype), "result")
         w.check_true(w.comm.device_ipc.plans_made == plans + 1, "repeated in-place calls made new plans")
 
-    def reallocated(self, dtype=numpy.int64, n=700, times=4):
-        """Buffers freed and allocated again between calls, as numba allocates: a new allocation at a freed
-        one's address comes with a new handle, and the stale mapping must be closed before it is opened."""
+    def reallocated(self, dtype=numpy.int64, n=700, times=4, growth=1):
+        """Buffers freed and allocated again between calls, as numba allocates: a new allocation where freed
+        ones were comes with a new handle, and the stale mappings must be closed before it is opened. With
+        `growth` 2 the sizes double, as in an OSU sweep, and a new allocation covers two freed ones.
+        Returns how many calls had a buffer at a freed one's address."""
         w, memory = self.w, self.memory
         seen = set()
         reused = 0
         for time in range(times):
-            w.case(f"reallocated buffers {time}")
-            send, recv = memory.array(n, dtype), memory.array(n, dtype)
+            w.case(f"reallocated buffers {time}, growth {growth}")
+            send, recv = memory.array(n * growth ** time, dtype), memory.array(n * growth ** time, dtype)
             addresses = {getattr(buf, "address", None) and buf.address.value for buf in (send, recv)}
             reused += bool(addresses & seen)
             seen |= addresses
-            inputs = [contribution("sum", dtype, n, r, w.cases) for r in range(w.size)]
+            inputs = [contribution("sum", dtype, n * growth ** time, r, w.cases) for r in range(w.size)]
             memory.write(send, inputs[w.rank], None)
             w.comm.Allreduce(send, recv, MPI.SUM)
             self.calls += 1
@@ -248,8 +250,9 @@ def main():
     runner.reduction("allreduce", "sum", numpy.dtype(numpy.int32), 0, 0, False, None)
     if direct:
         runner.repeated()
-        reused = runner.reallocated()
-        w.check_true(args.memory == "cupy" or reused, "no address was reused: the reallocation case tested nothing")
+        reused = runner.reallocated(), runner.reallocated(growth=2)
+        w.check_true(args.memory == "cupy" or all(reused),
+                     f"no address was reused in one of the reallocation cases ({reused}): it tested nothing")
         w.check_true(w.comm.device_ipc.calls == runner.calls,
                      f"{w.comm.device_ipc.calls} of {runner.calls} calls took the direct path")
     w.done(f"device-ipc-{args.memory}-{args.gpus}")
