@@ -174,6 +174,8 @@ def test_cupy_buffers_on_a_busy_stream_are_viewed_without_waiting_and_the_call_f
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         big = cupy.ones((8192, 8192), dtype=cupy.float32)
+        (big @ big)[0, :1024] / 8192  # cuBLAS's handle and the division's kernel made before the timed work
+        stream.synchronize()
         send = (big @ big)[0, :1024] / 8192  # tens of milliseconds of work ahead of the data, all ones
         assert parse(send).stream == stream.ptr
         assert not stream.done, "viewing the buffer waited for its stream"
