@@ -92,8 +92,8 @@ def _gpu_solver(net, batch):
     from perf import bench_train, train_scaling
     from scaffe.proto import caffe_pb2
     from scaffe.solvers import create_solver
-    if net == "alexnet":
-        param = train_scaling.alexnet_solver_param(batch)
+    if net in ("alexnet", "googlenet"):
+        param = train_scaling.SOLVER_PARAMS[net](batch)
     else:
         path, _, shape = bench_train.MODELS[net]
         param = caffe_pb2.SolverParameter(type="SGD", base_lr=0.01, momentum=0.9, weight_decay=0.0005,

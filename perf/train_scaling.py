@@ -1,7 +1,7 @@
 """Data-parallel training throughput and scaling: images/s, scaling efficiency and the fraction of
 communication hidden behind compute, for each rank count and schedule, against the no-overlap baseline.
 
-    python -m perf.train_scaling [--net lenet|cifar10_quick|alexnet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
+    python -m perf.train_scaling [--net lenet|cifar10_quick|alexnet|googlenet] [--ranks 1,2,4] [--iterations 20] [--warmup 3]
                                  [--repeats 3] [--batch B] [--launcher 'mpiexec -n {ranks}'] [--hosts H]
                                  [--traces DIR] [--link-rate MB/s]
 
@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = ("scaffe", "allreduce", "native")
-NETS = {"lenet": 64, "cifar10_quick": 100, "alexnet": 8}  # name -> default batch per rank
+NETS = {"lenet": 64, "cifar10_quick": 100, "alexnet": 8, "googlenet": 8}  # name -> default batch per rank
 RESULT = "RESULT "  # the worker root's lines the driver reads
 
 
@@ -64,13 +64,13 @@ def lenet_solver_param(batch):
     return param
 
 
-def alexnet_train_net(batch):
-    """Caffe's bvlc_alexnet as a train net: the deploy net's Input becomes a DummyData layer of
-    constant images and labels (filled once, so the data costs nothing per iteration), its Softmax
-    a SoftmaxWithLoss."""
+def deploy_train_net(name, batch):
+    """examples/<name>/deploy.prototxt (Caffe's bvlc_alexnet, GoogLeNet) as a train net: the deploy net's
+    Input becomes a DummyData layer of constant images and labels (filled once, so the data costs
+    nothing per iteration), its Softmax a SoftmaxWithLoss."""
     from scaffe import io as sio
     from scaffe.proto import caffe_pb2
-    deploy = sio.read_net_prototxt(str(ROOT / "examples" / "alexnet" / "deploy.prototxt"))
+    deploy = sio.read_net_prototxt(str(ROOT / "examples" / name / "deploy.prototxt"))
     net = caffe_pb2.NetParameter(name=deploy.name)
     for layer in deploy.layer:
         if layer.type == "Input":
@@ -91,7 +91,16 @@ def alexnet_solver_param(batch):
     from scaffe.proto import caffe_pb2
     param = caffe_pb2.SolverParameter(type="SGD", base_lr=0.01, momentum=0.9, weight_decay=0.0005,
                                       lr_policy="step", gamma=0.1, stepsize=100000)
-    param.net_param.CopyFrom(alexnet_train_net(batch))
+    param.net_param.CopyFrom(deploy_train_net("alexnet", batch))
+    return param
+
+
+def googlenet_solver_param(batch):
+    """bvlc_googlenet's quick solver's settings (poly policy, power 0.5) on the deploy net's layers."""
+    from scaffe.proto import caffe_pb2
+    param = caffe_pb2.SolverParameter(type="SGD", base_lr=0.01, momentum=0.9, weight_decay=0.0002,
+                                      lr_policy="poly", power=0.5, max_iter=2400000)
+    param.net_param.CopyFrom(deploy_train_net("googlenet", batch))
     return param
 
 
@@ -105,7 +114,7 @@ def cifar10_quick_solver_param(batch):
 
 
 SOLVER_PARAMS = {"lenet": lenet_solver_param, "cifar10_quick": cifar10_quick_solver_param,
-                 "alexnet": alexnet_solver_param}
+                 "alexnet": alexnet_solver_param, "googlenet": googlenet_solver_param}
 
 
 def make_solver(net, batch, rank):

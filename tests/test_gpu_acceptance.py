@@ -212,8 +212,8 @@ def our_net_shapes(name):
     from perf import bench_train, train_scaling
     from scaffe.net import Net
     from scaffe.proto import caffe_pb2
-    if name == "alexnet":
-        param = train_scaling.alexnet_train_net(1)
+    if name in ("alexnet", "googlenet"):
+        param = train_scaling.deploy_train_net(name, 1)
     else:
         path, _, image = bench_train.MODELS[name]
         param = bench_train.synthetic_train_net(path, 1, image)

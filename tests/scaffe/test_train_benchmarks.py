@@ -60,9 +60,9 @@ def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
 
 
 def test_train_scaling_alexnet_is_caffes_net_on_dummy_data():
-    from perf.train_scaling import alexnet_train_net
+    from perf.train_scaling import deploy_train_net
     from scaffe import io as sio
-    net = alexnet_train_net(8)
+    net = deploy_train_net("alexnet", 8)
     deploy = sio.read_net_prototxt(str(ROOT / "examples" / "alexnet" / "deploy.prototxt"))
     assert [layer.type for layer in net.layer[1:-1]] == [layer.type for layer in deploy.layer[1:-1]]
     data, loss = net.layer[0], net.layer[-1]
