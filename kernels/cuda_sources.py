@@ -201,6 +201,78 @@ register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* dx
         dx[i] = acc;""")
 
 
+# SoftmaxWithLoss on the GPU in three launches (scaffe/layer_impls/softmax_loss.py, kernels/_softmax_loss_gpu.py)
+# where the array routines take about thirty: each thread of the forward takes `chunk` positions in turn
+# (softmax over the channels, max-subtracted, in T; the picked log-probability, clamped at FLT_MIN, summed
+# in double; labels counted; the first bad label noted), the finish sums the chunks' parts in order (so
+# the loss is the same bits every run), divides by the normalizer and keeps the first bad label seen for
+# the host to raise when it reads results; the backward writes (prob - [c == label]) * loss_weight / norm.
+register_elementwise("scaffe_softmax_loss_forward", "const T* x, const T* label, int channels, int inner, "
+                     "long long positions, int chunk, int has_ignore, int ignore, T* prob, double* part_loss, "
+                     "double* part_count, long long* part_bad", """
+        const long long first = i * chunk;
+        const long long last = min(first + (long long)chunk, positions);
+        double loss = 0.0, counted = 0.0;
+        long long bad_at = -1, bad_label = 0;
+        for (long long p = first; p < last; ++p) {
+            const long long base = (p / inner) * channels * inner + p % inner;
+            T top = x[base];
+            for (int c = 1; c < channels; ++c) {
+                const T v = x[base + (long long)c * inner];
+                top = (v > top || v != v) ? v : top;  // numpy's max: a NaN wins
+            }
+            T sum = (T)0;
+            for (int c = 0; c < channels; ++c) {
+                const T e = exp(x[base + (long long)c * inner] - top);
+                prob[base + (long long)c * inner] = e;
+                sum += e;
+            }
+            for (int c = 0; c < channels; ++c) prob[base + (long long)c * inner] /= sum;
+            const long long l = (long long)label[p];
+            const bool valid = !(has_ignore && l == ignore);
+            const bool bad = valid && (l < 0 || l >= channels);
+            if (bad && bad_at < 0) {
+                bad_at = p;
+                bad_label = l;
+            }
+            if (valid) counted += 1.0;
+            if (valid && !bad) {
+                const T picked = prob[base + l * inner];
+                const T floor = (T)1.17549435082228751e-38;  // FLT_MIN, whatever T is, as Caffe clamps
+                loss += (double)log(picked > floor ? picked : floor);
+            }
+        }
+        part_loss[i] = loss;
+        part_count[i] = counted;
+        part_bad[2 * i] = bad_at;
+        part_bad[2 * i + 1] = bad_label;""")
+register_elementwise("scaffe_softmax_loss_finish", "const double* part_loss, const double* part_count, "
+                     "const long long* part_bad, long long parts, int count_valid, double fixed_norm, T* top, "
+                     "double* norm, long long* check", """
+        double loss = 0.0, counted = 0.0;
+        for (long long k = 0; k < parts; ++k) {
+            loss += part_loss[k];
+            counted += part_count[k];
+        }
+        double n = count_valid ? counted : fixed_norm;
+        n = n < 1.0 ? 1.0 : n;
+        norm[0] = n;
+        top[0] = (T)(-loss / n);
+        for (long long k = 0; check[0] == 0 && k < parts; ++k) {
+            if (part_bad[2 * k] >= 0) {
+                check[0] = 1;
+                check[1] = part_bad[2 * k + 1];
+            }
+        }""")
+register_elementwise("scaffe_softmax_loss_backward", "const T* prob, const T* label, int channels, int inner, "
+                     "int has_ignore, int ignore, const T* top_diff, const double* norm, T* dx", """
+        const int c = (int)((i / inner) % channels);
+        const long long l = (long long)label[(i / ((long long)inner * channels)) * inner + i % inner];
+        const bool valid = !(has_ignore && l == ignore) && l >= 0 && l < channels;
+        const T scale = (T)((double)top_diff[0] / norm[0]);
+        dx[i] = valid ? (prob[i] - (c == l ? (T)1 : (T)0)) * scale : (T)0;""")
+
+
 # The solvers' fused update steps (scaffe/solvers/fused.py), one kernel per solver type: per element, the
 # per-blob pipeline of scaffe.solvers.sgd in its order: scale the gradient (1/iter_size, a schedule's 1/P),
 # add the weight decay (L2, or L1 with l1), turn it into the solver's step with the blob's lr_mult (h0, h1:

@@ -127,9 +127,10 @@ class DeferredLabelCheck:
     at once would make the host wait for the GPU each iteration. `message()` (a host sync) names the
     first bad label seen; the net asks when the host reads results (Net.check_deferred_errors)."""
 
-    def __init__(self, layer, channels):
+    def __init__(self, layer, channels, state=None):
         self.where, self.channels = f"layer {layer.name!r}", channels
         self.seen = self.first = None
+        self.state = state  # or a fused kernel keeps (seen, first label) in this device array itself
 
     def record(self, labels, bad):
         xp = get_array_module(labels)
@@ -143,9 +144,13 @@ class DeferredLabelCheck:
             self.seen = self.seen | any_bad
 
     def message(self):
-        if self.seen is None or not bool(self.seen):
+        if self.state is not None:
+            seen, first = (int(value) for value in self.state.get())
+        elif self.seen is None:
             return None
-        return f"{self.where}: label {int(self.first)} is outside 0..{self.channels - 1}"
+        else:
+            seen, first = bool(self.seen), int(self.first)
+        return f"{self.where}: label {first} is outside 0..{self.channels - 1}" if seen else None
 
 
 class LossLayer:

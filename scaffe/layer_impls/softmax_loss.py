@@ -2,16 +2,19 @@
 
 Labels are read as integers; `ignore_label` positions give neither loss nor gradient; the divisor
 follows loss_param.normalization (default VALID), or the legacy `normalize` bool. An optional second
-top receives the probabilities.
+top receives the probabilities. On a GPU (float32/float64 cupy arrays) forward and backward are three
+fused kernels (kernels/_softmax_loss_gpu.py) where the array routines launch about thirty.
 """
 import numpy
 
+from kernels import _softmax_loss_gpu
 from kernels.backend import get_array_module
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import (DeferredLabelCheck, LossLayer, canonical_axis, count, loss_scale,
                                     normalization_mode, normalizer)
 from scaffe.layer_impls.layer import Layer
 from scaffe.layer_impls.softmax import softmax
+from scaffe.proto import caffe_pb2
 
 # Caffe clamps probabilities at FLT_MIN before the log, whatever the blob's dtype.
 FLT_MIN = float(numpy.finfo(numpy.float32).tiny)
@@ -46,6 +49,7 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
         lp = self.param.loss_param
         self.ignore_label = int(lp.ignore_label) if lp.HasField("ignore_label") else None
         self.normalization = normalization_mode(self)
+        self.fused = None  # the fused kernels' Workspace, once a GPU forward has run
 
     def reshape(self, bottom, top):
         self.reshape_loss(bottom, top)
@@ -61,6 +65,10 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
         outer, channels, inner = self.dims
+        if _softmax_loss_gpu.usable(bottom[0].data, bottom[1].data):
+            self._fused_forward(bottom, top)
+            return
+        self.fused = None
         self.prob = softmax(bottom[0].data.reshape(self.dims))
         self.labels, self.valid = gather_labels(self, bottom[1], outer, channels, inner, self.ignore_label)
         picked = xp.take_along_axis(self.prob, xp.where(self.valid, self.labels, 0)[:, None, :], axis=1)[:, 0, :]
@@ -70,10 +78,31 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
         if len(top) > 1:
             top[1].data[...] = self.prob.reshape(top[1].shape)
 
+    def _fused_forward(self, bottom, top):
+        xp = get_array_module(bottom[0].data)
+        outer, channels, inner = self.dims
+        if self.fused is None:
+            self.fused = _softmax_loss_gpu.Workspace(xp)
+        check = getattr(self, "deferred_label_check", None)
+        if check is None or check.channels != channels or check.state is not self.fused.check:
+            self.deferred_label_check = DeferredLabelCheck(self, channels, state=self.fused.check)
+        if getattr(self, "prob", None) is None or self.prob.shape != self.dims or self.prob.dtype != bottom[0].dtype:
+            self.prob = xp.empty(self.dims, dtype=bottom[0].dtype)
+        count_valid = self.normalization == caffe_pb2.LossParameter.VALID
+        fixed_norm = 1.0 if count_valid else normalizer(self.normalization, outer, inner)
+        _softmax_loss_gpu.forward(bottom[0].data.reshape(self.dims), bottom[1].data.reshape(-1), self.ignore_label,
+                                  count_valid, fixed_norm, self.prob, top[0].data.reshape(-1), self.fused)
+        if len(top) > 1:
+            top[1].data[...] = self.prob.reshape(top[1].shape)
+
     def backward(self, top, propagate_down, bottom):
         if len(propagate_down) > 1 and propagate_down[1]:
             raise ValueError(f"layer {self.name!r}: SoftmaxWithLoss cannot backpropagate to the labels")
         if not propagate_down[0]:
+            return
+        if self.fused is not None:
+            _softmax_loss_gpu.backward(self.prob, bottom[1].data.reshape(-1), self.ignore_label,
+                                       top[0].diff.reshape(-1), self.fused, bottom[0].diff.reshape(self.dims))
             return
         xp = get_array_module(self.prob)
         dx = bottom[0].diff.reshape(self.dims)

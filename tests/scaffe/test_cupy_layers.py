@@ -135,3 +135,16 @@ def test_convolution_on_the_gpu_takes_the_batch_in_one_chunk(cupy_stand_in):
     assert 8 * 25 * 48 * 48 * 6 * 4 > COL_BUDGET_BYTES
     run_layer(cupy_stand_in, proto, [x], {})
     assert cupy_stand_in._stand_in.counters["launch:scaffe_im2col"] == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("proto,bottoms,options", [c[1:] for c in CASES if c[0].startswith("softmax-loss")],
+                         ids=[c[0] for c in CASES if c[0].startswith("softmax-loss")])
+def test_fused_softmax_loss_on_a_gpu_matches_numpy(proto, bottoms, options):
+    """The three fused SoftmaxWithLoss kernels (kernels/_softmax_loss_gpu.py) on a real GPU against the numpy
+    path: the same loss, probabilities and gradients to float32 rounding (the channels sum in another order)."""
+    import cupy
+    host = run_layer(numpy, proto, bottoms, options)
+    device = run_layer(cupy, proto, bottoms, options, host[3], host[4])
+    for got, want in zip(device[0] + device[1], host[0] + host[1]):
+        numpy.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

@@ -167,3 +167,76 @@ def _windows_covering(kernel, stride):
 
 
 from cupy import _solver_twins  # noqa: E402,F401 - registers the solvers' update twins
+
+
+@twin("scaffe_softmax_loss_forward")
+def _softmax_loss_forward(i, x, label, channels, inner, positions, chunk, has_ignore, ignore, prob, part_loss,
+                          part_count, part_bad):
+    # Vectorised over positions; each chunk's parts summed in its thread's order.
+    t = x.dtype.type
+    xs, ps = x.reshape(-1), prob.reshape(-1)
+    p = numpy.arange(positions)
+    base = (p // inner) * channels * inner + p % inner
+    top = xs[base]
+    for c in range(1, channels):
+        v = xs[base + c * inner]
+        top = numpy.where((v > top) | (v != v), v, top)
+    total = numpy.zeros(positions, dtype=x.dtype)
+    for c in range(channels):
+        e = numpy.exp(xs[base + c * inner] - top)
+        ps[base + c * inner] = e
+        total += e
+    for c in range(channels):
+        ps[base + c * inner] = ps[base + c * inner] / total
+    labels = label.reshape(-1)[:positions].astype(numpy.int64)
+    valid = ~((has_ignore != 0) & (labels == ignore))
+    bad = valid & ((labels < 0) | (labels >= channels))
+    counted = valid & ~bad
+    picked = ps[base + numpy.where(counted, labels, 0) * inner]
+    floor = t(1.17549435082228751e-38)
+    logs = numpy.where(counted, numpy.log(numpy.where(picked > floor, picked, floor)).astype(numpy.float64), 0.0)
+    parts = i.size
+    padded = parts * chunk - positions
+
+    def by_chunk(values, fill):
+        return numpy.concatenate([values, numpy.full(padded, fill, dtype=values.dtype)]).reshape(parts, chunk)
+
+    loss, count, chunk_bad, chunk_labels = (by_chunk(logs, 0.0), by_chunk(valid.astype(numpy.float64), 0.0),
+                                            by_chunk(bad, False), by_chunk(labels, 0))
+    loss_sum, count_sum = numpy.zeros(parts), numpy.zeros(parts)
+    for k in range(chunk):
+        loss_sum += loss[:, k]
+        count_sum += count[:, k]
+    part_loss[:parts], part_count[:parts] = loss_sum, count_sum
+    first = chunk_bad.argmax(axis=1)
+    seen = chunk_bad.any(axis=1)
+    part_bad[0:2 * parts:2] = numpy.where(seen, i * chunk + first, -1)
+    part_bad[1:2 * parts:2] = numpy.where(seen, chunk_labels[i, first], 0)
+
+
+@twin("scaffe_softmax_loss_finish")
+def _softmax_loss_finish(i, part_loss, part_count, part_bad, parts, count_valid, fixed_norm, top, norm, check):
+    loss = counted = numpy.float64(0.0)
+    for k in range(parts):
+        loss += part_loss[k]
+        counted += part_count[k]
+    n = counted if count_valid else numpy.float64(fixed_norm)
+    n = numpy.float64(1.0) if n < 1.0 else n
+    norm[0] = n
+    top.reshape(-1)[0] = top.dtype.type(-loss / n)
+    for k in range(parts):
+        if check[0] != 0:
+            break
+        if part_bad[2 * k] >= 0:
+            check[0], check[1] = 1, part_bad[2 * k + 1]
+
+
+@twin("scaffe_softmax_loss_backward")
+def _softmax_loss_backward(i, prob, label, channels, inner, has_ignore, ignore, top_diff, norm, dx):
+    c = (i // inner) % channels
+    labels = label.reshape(-1)[(i // (inner * channels)) * inner + i % inner].astype(numpy.int64)
+    valid = ~((has_ignore != 0) & (labels == ignore)) & (labels >= 0) & (labels < channels)
+    t = dx.dtype.type
+    scale = t(numpy.float64(top_diff.reshape(-1)[0]) / norm[0])
+    one_hot = numpy.where(c == labels, t(1), t(0))
+    _store(dx, i, numpy.where(valid, (prob.reshape(-1)[i] - one_hot) * scale, t(0)))
