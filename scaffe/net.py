@@ -491,7 +491,11 @@ class Net(Closing):
                     hook(i, "forward", began, ended)
             for top_id, w in record.loss_tops:
                 top_loss = record.tops[top_id].data.sum(dtype=numpy.float64)
-                loss = loss + w * (float(top_loss) if self.xp is numpy else top_loss)
+                if self.xp is numpy:
+                    loss = loss + w * float(top_loss)
+                else:  # each operation is a kernel launch on the device: none for a lone loss of weight 1
+                    term = top_loss if w == 1 else w * top_loss
+                    loss = term if isinstance(loss, float) else loss + term
         return loss
 
     def check_deferred_errors(self):

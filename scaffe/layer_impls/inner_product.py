@@ -1,5 +1,7 @@
-"""InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM."""
+"""InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM; the
+parameter gradients accumulate in one BLAS call each (kernels.blas)."""
 from kernels.backend import get_array_module
+from kernels.blas import add_column_sums, add_product
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
 from scaffe.layer_impls.layer import Layer
@@ -38,6 +40,13 @@ class InnerProductLayer(Layer):
         w = self.blobs[0].data
         return w if self.transpose else w.T
 
+    def _ones(self, dy):
+        """A vector of ones as long as the batch, where `dy` lives (the bias gradient's GEMV), kept."""
+        ones = getattr(self, "_batch_ones", None)
+        if ones is None or ones.shape[0] != dy.shape[0] or ones.dtype != dy.dtype or type(ones) is not type(dy):
+            ones = self._batch_ones = get_array_module(dy).ones(dy.shape[0], dtype=dy.dtype)
+        return ones
+
     def forward(self, bottom, top):
         xp = get_array_module(bottom[0].data)
         x = bottom[0].data.reshape(-1, self.k)
@@ -51,11 +60,11 @@ class InnerProductLayer(Layer):
         x = bottom[0].data.reshape(-1, self.k)
         if param_grad_wanted(self, 0):
             if self.transpose:
-                self.blobs[0].diff += x.T @ dy
+                add_product(self.blobs[0].diff, x, dy, trans_a=True)
             else:
-                self.blobs[0].diff += dy.T @ x
+                add_product(self.blobs[0].diff, dy, x, trans_a=True)
         if self.bias_term and param_grad_wanted(self, 1):
-            self.blobs[1].diff += dy.sum(axis=0, dtype=dy.dtype)
+            add_column_sums(self.blobs[1].diff, dy, self._ones(dy))
         if propagate_down[0]:
             xp = get_array_module(dy)
             xp.matmul(dy, self._weight_t().T, out=bottom[0].diff.reshape(-1, self.k))

@@ -274,8 +274,11 @@ class Solver:
         (display iterations and the last one): a NaN loss means NaN weights, so it is still NaN then."""
         loss = 0.0
         for _ in range(self.param.iter_size):
-            loss += self.forward_backward()
-        loss /= self.param.iter_size
+            value = self.forward_backward()
+            # On the device each operation is a launch: none to add the first pass's loss to 0 or divide by 1.
+            loss = value if isinstance(loss, float) and not isinstance(value, float) else loss + value
+        if self.param.iter_size != 1:
+            loss = loss / self.param.iter_size
         if not (fetch or isinstance(loss, float)):
             return loss
         self.net.check_deferred_errors()
