@@ -201,6 +201,12 @@ register_elementwise("scaffe_ave_pool_backward", f"const T* dtop, {_POOL}, T* dx
         dx[i] = acc;""")
 
 
+# ReLU's gradient (scaffe/layer_impls/relu.py, slope 0) in one launch where dy * (y > 0) takes two: the
+# product with the comparison as a 0 or 1 of T, so a negative dy times 0 gives -0 as numpy's does.
+register_elementwise("scaffe_relu_backward", "const T* y, const T* dy, T* dx", """
+        dx[i] = dy[i] * (T)(y[i] > (T)0);""")
+
+
 # SoftmaxWithLoss on the GPU in three launches (scaffe/layer_impls/softmax_loss.py, kernels/_softmax_loss_gpu.py)
 # where the array routines take about thirty: each thread of the forward takes `chunk` positions in turn
 # (softmax over the channels, max-subtracted, in T; the picked log-probability, clamped at FLT_MIN, summed

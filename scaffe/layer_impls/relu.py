@@ -1,5 +1,9 @@
-"""ReLU layer (Caffe's "ReLU"): max(x, 0) + negative_slope * min(x, 0)."""
+"""ReLU layer (Caffe's "ReLU"): max(x, 0) + negative_slope * min(x, 0). On a GPU the plain ReLU's gradient
+is one kernel (kernels/cuda_sources.py, scaffe_relu_backward)."""
+import numpy
+
 from kernels.backend import get_array_module
+from kernels.cuda_sources import ELEMENTWISE, launch_elementwise
 from scaffe.layer_impls import register
 from scaffe.layer_impls.neuron import NeuronLayer
 
@@ -24,6 +28,10 @@ class ReLULayer(NeuronLayer):
 
     def gradient(self, x, y, dy, dx):
         xp = get_array_module(dy)
+        if (self.negative_slope == 0 and xp is not numpy and dy.dtype in ELEMENTWISE["scaffe_relu_backward"]
+                and all(a.flags.c_contiguous and a.dtype == dy.dtype for a in (y, dx))):
+            launch_elementwise("scaffe_relu_backward", dy.dtype, dx.size, y, dy, dx)
+            return
         positive = y > 0
         if self.negative_slope == 0:
             xp.multiply(dy, positive, out=dx)

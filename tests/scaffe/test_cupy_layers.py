@@ -137,15 +137,16 @@ def test_convolution_on_the_gpu_takes_the_batch_in_one_chunk(cupy_stand_in):
     assert cupy_stand_in._stand_in.counters["launch:scaffe_im2col"] == 1
 
 
-GPU_OWN_PATHS = [c for c in CASES if c[0].startswith(("softmax-loss", "ip"))]
+GPU_OWN_PATHS = [c for c in CASES if c[0].startswith(("softmax-loss", "ip", "relu"))]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("proto,bottoms,options", [c[1:] for c in GPU_OWN_PATHS], ids=[c[0] for c in GPU_OWN_PATHS])
 def test_gpu_only_paths_on_a_gpu_match_numpy(proto, bottoms, options):
     """What only the GPU runs, on a real one, against the numpy path: the three fused SoftmaxWithLoss kernels
-    (kernels/_softmax_loss_gpu.py) and the accumulating cuBLAS calls of InnerProduct's backward
-    (kernels.blas); the same tops, gradients and parameter gradients to float32 rounding."""
+    (kernels/_softmax_loss_gpu.py), ReLU's gradient kernel and the accumulating cuBLAS calls of
+    InnerProduct's backward (kernels.blas); the same tops, gradients and parameter gradients to float32
+    rounding."""
     import cupy
     host = run_layer(numpy, proto, bottoms, options)
     device = run_layer(cupy, proto, bottoms, options, host[3], host[4])

@@ -240,3 +240,8 @@ def _softmax_loss_backward(i, prob, label, channels, inner, has_ignore, ignore, 
     scale = t(numpy.float64(top_diff.reshape(-1)[0]) / norm[0])
     one_hot = numpy.where(c == labels, t(1), t(0))
     _store(dx, i, numpy.where(valid, (prob.reshape(-1)[i] - one_hot) * scale, t(0)))
+
+
+@twin("scaffe_relu_backward")
+def _relu_backward(i, y, dy, dx):
+    _store(dx, i, dy.reshape(-1)[i] * (y.reshape(-1)[i] > 0).astype(dx.dtype))
