@@ -127,7 +127,7 @@ for device in cupy cuda; do
     osu reduce "$device" 9
     osu allreduce "$device" 9
 done
-step gpu_tests 18 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+step gpu_tests 14 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 for device in cupy cuda; do
     osu bcast "$device" 3
 done
@@ -135,7 +135,7 @@ step mnist_lmdb 2 "$PY" -m scaffe convert mnist
 train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" 1 scaffe 3
 for ranks in 2 4; do
     for schedule in scaffe allreduce; do
-        train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" "$ranks" "$schedule" 3
+        train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" "$ranks" "$schedule" 4
     done
 done
 cifar_solver=examples/cifar10/cifar10_quick_solver.prototxt
