@@ -19,6 +19,7 @@ _CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10
 _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
 _CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 _CU_MEMORYTYPE_DEVICE = 2
+_CU_STREAM_NON_BLOCKING = 1
 
 
 @functools.cache
@@ -38,6 +39,8 @@ def _driver():
         library.cuLaunchKernel.restype = ctypes.c_int
         library.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
         library.cuStreamSynchronize.restype = ctypes.c_int
+        library.cuStreamGetFlags.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint)]
+        library.cuStreamGetFlags.restype = ctypes.c_int
         return library
     return None
 
@@ -106,3 +109,13 @@ def synchronize_stream(stream):
     status = _driver().cuStreamSynchronize(stream)
     if status:
         raise RuntimeError(f"cuStreamSynchronize failed (CUresult {status})")
+
+
+def non_blocking(stream):
+    """Whether the stream with handle `stream` was made non-blocking (ordered with no other stream, the
+    legacy default stream included); asked each time, since a destroyed stream's handle comes back."""
+    flags = ctypes.c_uint(0)
+    status = _driver().cuStreamGetFlags(stream, ctypes.byref(flags))
+    if status:
+        raise RuntimeError(f"cuStreamGetFlags failed (CUresult {status})")
+    return bool(flags.value & _CU_STREAM_NON_BLOCKING)

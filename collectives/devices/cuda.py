@@ -17,7 +17,9 @@ from collectives.errors import CollectiveError
 _EVENT_DISABLE_TIMING = 0x02  # cudaEventDisableTiming
 _MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction follows from the (unified) addresses
 _NOT_READY = 600  # cudaErrorNotReady
-_LEGACY_STREAM = 1  # cudaStreamLegacy, as __cuda_array_interface__ names the legacy default stream
+# The default streams' handles: 0 and cudaStreamLegacy (1, as __cuda_array_interface__ names the legacy
+# default stream), cudaStreamPerThread (2).
+_DEFAULT_STREAMS = (0, 1, 2)
 _EXPORTS_KEPT = 4096  # exported handles remembered (64 bytes each), by allocation
 
 _devices = {}  # device ordinal -> CudaDevice
@@ -148,9 +150,9 @@ class CudaDevice(Device):
         cuda_driver.synchronize_stream(stream.ptr)
 
     def idle(self, stream):
-        # The legacy default stream's query covers its own work only, not the blocking streams' that an
-        # event recorded on it would wait for.
-        return stream.ptr not in (0, _LEGACY_STREAM) and stream.done
+        # Only a non-blocking stream's query covers all an event recorded on it would wait for: the legacy
+        # default stream's and a blocking stream's would leave out the work they are ordered after.
+        return stream.ptr not in _DEFAULT_STREAMS and cuda_driver.non_blocking(stream.ptr) and stream.done
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):

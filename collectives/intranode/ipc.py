@@ -5,8 +5,8 @@ Each call, every local rank publishes a record in a small shared-memory window: 
 two counters. `ready` says its buffers may be read and written: the rank raises it once its own process
 has seen the caller's work on them complete (an ordinary event recorded on the caller's stream, or the
 legacy default stream, when the call is made, and synchronised by the caller for a blocking call, by the
-progress thread for an I* call; no event at all where the caller's stream is idle already, so that only
-the kernels' owners queue work on the GPU during a call). No process ever waits on another process's
+progress thread for an I* call; no event at all where the caller's stream is a non-blocking one that is
+idle already, so that only the kernels' owners queue work on the GPU during a call). No process ever waits on another process's
 event: on one GPU such a wait costs 150-300 us per peer, a host-side flag about a microsecond (issue 22's
 measurements).
 
