@@ -116,9 +116,9 @@ class Net(Closing):
     `param_needed_hooks` run before layer i's forward, `grads_ready_hooks` after layer i's
     backward (also for layers that skip backward, so a trainer sees every index). Use
     `params_needed_at(i)` and `grads_ready_at(i)` to know which learnable params are concerned.
-    `layer_timed_hooks` get `(i, "forward" or "backward", start, end)` (perf_counter seconds) after
-    each layer's computation; the clock is read (on a GPU, after waiting for the current stream)
-    only while one is registered.
+    `layer_timed_hooks` get `(i, "forward" or "backward", start, end)` after each layer's computation,
+    `stamp()`s taken around it (perf_counter seconds on the CPU, CUDA events on a GPU) only while one
+    is registered.
     """
 
     def __init__(self, param, phase=None, stages=None, level=None, *, source=None, xp=numpy,
@@ -482,11 +482,11 @@ class Net(Closing):
                 hook(i)
             record = self.layer_records[i]
             if timed:
-                began = self.clock()
+                began = self.stamp()
             record.layer.reshape(record.bottoms, record.tops)
             record.layer.forward(record.bottoms, record.tops)
             if timed:
-                ended = self.clock()
+                ended = self.stamp()
                 for hook in timed:
                     hook(i, "forward", began, ended)
             for top_id, w in record.loss_tops:
@@ -527,10 +527,10 @@ class Net(Closing):
         for i in range(start, end - 1, -1):
             if self.layer_records[i].need_backward:
                 if timed:
-                    began = self.clock()
+                    began = self.stamp()
                 self._backward_layer(self.layer_records[i])
                 if timed:
-                    ended = self.clock()
+                    ended = self.stamp()
                     for hook in timed:
                         hook(i, "backward", began, ended)
             for hook in self.grads_ready_hooks:
@@ -542,6 +542,16 @@ class Net(Closing):
         if self.xp is not numpy:
             self.xp.cuda.get_current_stream().synchronize()
         return time.perf_counter()
+
+    def stamp(self):
+        """A point in the layers' time for the layer_timed hooks, without waiting for the device:
+        perf_counter() on the CPU; on a GPU a CUDA event recorded on the current stream, which
+        completes when the work queued before it has run (the receiver reads it after the fact)."""
+        if self.xp is numpy:
+            return time.perf_counter()
+        event = self.xp.cuda.Event()
+        event.record()
+        return event
 
     @staticmethod
     def _backward_layer(record):

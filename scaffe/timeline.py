@@ -13,8 +13,9 @@ Hidden communication: each collective's [start, end] is intersected with the ran
 the union of its forward, backward and update intervals minus every wait; the sum of those overlaps
 over the sum of the collectives' durations is the fraction of communication hidden behind compute.
 On a CPU the collectives' helper thread shares the cores with compute, so "hidden" means overlapped
-in time, not free. On a GPU each timed layer waits for its stream, so that its slice is its kernels'
-time, not their launch: recording takes away the overlap of host and device within the compute.
+in time, not free. On a GPU a layer's slice is when its kernels ran on the compute stream: CUDA events
+recorded around its launches (Net.stamp), placed on the host's clock at the end through an event the
+start synchronised; recording waits for nothing, so host and device still overlap as they do untimed.
 
 Collectives are named with what they carry, as the schedules label them when they start them
 (`collectives.events.labelled`): the gradients or parameters of which layers, and, where a layer
@@ -32,6 +33,8 @@ import json
 import socket
 import sys
 import time
+
+import numpy
 
 from collectives import events
 from scaffe.log import get_logger
@@ -93,6 +96,7 @@ class Timeline(SolverCallback):
         self.comm = comm  # the job's mpi4py communicator: a Barrier at start, a gather at the end
         self.rank = comm.Get_rank()
         self.origin = None
+        self._anchor = None  # on a GPU: the event at time `origin`, which the layers' events are read against
         self._layers = []        # (layer index, "forward" | "backward", start, end)
         self._waits = []         # (what, layer, start, end)
         self._updates = []       # (start, end)
@@ -108,6 +112,9 @@ class Timeline(SolverCallback):
         if recording is not None:
             raise RuntimeError("a timeline is already recording in this process")
         self.comm.Barrier()  # every rank's time 0 is the same instant, give or take the Barrier's exit
+        if self.net.xp is not numpy:  # the device's time 0: an event done at the host's
+            self._anchor = self.net.stamp()
+            self._anchor.synchronize()
         self.origin = time.perf_counter()
         self.net.add_hooks(on_layer_timed=self._layer_timed)
         self.solver.callbacks.append(self)
@@ -166,6 +173,13 @@ class Timeline(SolverCallback):
         collectives, lane_count = self._collective_events(names)
         return self._process_events() + self._compute_events(names) + collectives + self._track_events(lane_count)
 
+    def _seconds(self, stamp):
+        """A layer's stamp (Net.stamp) as perf_counter seconds: a CUDA event by its time after the anchor's."""
+        if self._anchor is None:
+            return stamp
+        stamp.synchronize()
+        return self.origin + self.net.xp.cuda.get_elapsed_time(self._anchor, stamp) / 1e3
+
     def _event(self, name, cat, tid, start, end, **args):
         """One complete ("X") event from perf_counter times."""
         # Both ends rounded alike, so slices that follow each other never overlap by a rounding.
@@ -185,7 +199,8 @@ class Timeline(SolverCallback):
         """Iterations, layers, updates and waits."""
         out = [self._event(f"iteration {iteration}", "iteration", ITERATIONS, start, end)
                for iteration, start, end in self._iterations]
-        out += [self._event(names[layer_id], phase, COMPUTE_TRACK, start, end, layer=layer_id)
+        out += [self._event(names[layer_id], phase, COMPUTE_TRACK, self._seconds(start), self._seconds(end),
+                            layer=layer_id)
                 for layer_id, phase, start, end in self._layers]
         out += [self._event("update", "update", COMPUTE_TRACK, start, end) for start, end in self._updates]
         for what, layer, start, end in self._waits:

@@ -217,7 +217,7 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
     # The root updates the held pieces in the next iteration's forward, before ip1's (their last layer), and
     # starts their Ibcasts there; the last iteration's at the end of training.
     events = _complete(trace, 0)
-    iterations = [e for e in events if e["cat"] == "iteration"]
+    iterations = [e for e in events if e.get("cat") == "iteration"]
     updates = [e["ts"] for e in events if e["cat"] == "update"]
     ip1 = [e["ts"] for e in events if e["cat"] == "forward" and e["name"] == "ip1"]
     for k in (1, 2):
@@ -230,3 +230,33 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
     # The point of the schedule: on every rank some gradients were in flight during a lower layer's backward.
     for rank in (0, 1):
         assert any(row["backward_us"] for row in rows if row["rank"] == rank), timeline.report(trace)
+
+
+def test_gpu_layers_are_timed_by_events_without_waiting_for_the_device(cupy_stand_in):
+    """On a GPU each layer's slice comes from CUDA events recorded around it (Net.stamp), read when the trace
+    is written: timing makes no host synchronisation per layer, and the slices still follow each other."""
+    from mpi4py import MPI
+
+    from perf.bench_train import make_solver
+    solver, _ = make_solver("lenet", cupy_stand_in)
+    solver.step(1)
+    cupy_stand_in._stand_in.reset()
+    solver.step(2)
+    untimed = cupy_stand_in._stand_in.host_syncs()
+    recorder = timeline.Timeline(solver, MPI.COMM_WORLD)
+    recorder.start()
+    cupy_stand_in._stand_in.reset()
+    solver.step(2)
+    timed = cupy_stand_in._stand_in.host_syncs()
+    recorder.stop()
+    assert timed == untimed
+    events = recorder.trace_events()
+    layers = [e for e in events if e.get("cat") in ("forward", "backward")]
+    names = [layer.name for layer in solver.net.layers]
+    assert [e["name"] for e in layers if e["cat"] == "forward"] == names * 2
+    assert [e["name"] for e in layers if e["cat"] == "backward"] == names[:0:-1] * 2
+    assert all(e["dur"] >= 0 for e in layers)
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(layers, layers[1:]))
+    iterations = [e for e in events if e.get("cat") == "iteration"]
+    assert all(any(it["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= it["ts"] + it["dur"] + 1e-3
+                   for it in iterations) for e in layers)

@@ -10,6 +10,7 @@ refilled too early shows as wrong data. Synchronisations are counted in `cupy._s
 """
 import collections
 import threading
+import time
 import weakref
 
 from cupy import _stand_in
@@ -65,10 +66,13 @@ class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self.disable_timing = disable_timing
         self._stream, self._position = None, 0
+        self.time = None  # the host's perf_counter when the work before it had run (the device clock)
 
     def record(self, stream=None):
         self._stream = get_current_stream() if stream is None else stream
         self._position = self._stream._queued
+        self.time = None
+        self._stream._time_when_done(self)
 
     def _complete(self):
         if self._stream is not None:
@@ -104,6 +108,7 @@ class Stream:
         self._work = collections.deque()  # (position, queued asynchronous copy), run in order
         self._queued = self._done = 0  # positions: every launch and copy takes one
         self._after = weakref.WeakKeyDictionary()  # stream -> the position of it this one waited for
+        self._timed = []  # events recorded behind queued work, timed when it runs
         _streams.add(self)
 
     def _enqueue(self, work):
@@ -123,6 +128,19 @@ class Stream:
             while self._work and self._work[0][0] <= target:
                 self._work.popleft()[1]()
             self._done = max(self._done, target)
+            now = time.perf_counter()
+            for event in [e for e in self._timed if e._position <= target]:
+                self._timed.remove(event)
+                event.time = now
+
+    def _time_when_done(self, event):
+        """Gives `event` its time: now if the work before it has run (kernels run at launch), else when
+        `_run` runs it."""
+        with self._lock:
+            if any(position <= event._position for position, _ in self._work):
+                self._timed.append(event)
+            else:
+                event.time = time.perf_counter()
 
     def use(self):
         _local.stream = self
@@ -173,7 +191,13 @@ def get_current_stream(device_id=-1):
 
 
 def get_elapsed_time(start_event, end_event):
-    raise NotImplementedError("the cupy stand-in has no device clock; elapsed times need a real GPU")
+    """Milliseconds between two completed timing events, as cudaEventElapsedTime refuses others."""
+    for event in (start_event, end_event):
+        if event.disable_timing:
+            raise RuntimeError("cudaErrorInvalidResourceHandle: an event made with disable_timing has no time")
+        if event.time is None:
+            raise RuntimeError("cudaErrorNotReady: the event has not completed (or was never recorded)")
+    return (end_event.time - start_event.time) * 1e3
 
 
 class PinnedMemoryPointer(bytearray):
