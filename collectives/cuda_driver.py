@@ -3,9 +3,8 @@ repeated launch of a loaded kernel with its arguments packed once.
 
 Asked through libcuda itself rather than numba or cupy: the question needs neither of them nor a
 context, and it must be answerable (as "no driver") on machines without CUDA at all. A launch through
-cuLaunchKernel with a parameter array built once costs the host a foreign call where cupy's RawKernel
-converts every argument again (7.6 against 9.0 us a launch, 13.6 against 19.1 us with the stream's
-synchronisation, on an H100's host: perf/RESULTS.md).
+cuLaunchKernel with a parameter array built once costs the host one foreign call where cupy's RawKernel
+converts every argument again (the measured difference: perf/RESULTS.md, "The device path on a GPU").
 """
 import ctypes
 import functools

@@ -375,8 +375,8 @@ for _name, _code, _options in _reduce_raw.variants():
 # ---------------------------------------------------------------- cupy side (imports cupy when called)
 
 # The one launch shape of the project's elementwise kernels (every one a grid-stride loop): a thread per
-# element up to 65536 blocks, and the loop covers the rest. The fused 4-input reduce of 256 MiB took 448 us
-# with 4096 blocks, 437 us with 65536, as fast as a kernel written for that one case (perf/RESULTS.md).
+# element up to 65536 blocks, and the loop covers the rest. With it the collectives' fused reduce runs as
+# fast as a kernel written for one case (fewer blocks were slower: perf/RESULTS.md, "The device path on a GPU").
 THREADS = 256
 MAX_BLOCKS = 65536
 _raw_kernels = {}

@@ -7,8 +7,8 @@ again, as a training loop passes its gradients. Rank 0 (the root) prints, per ca
 time of a call and the Python function calls made in the collectives' own code (cProfile, only functions
 defined under collectives/; the stand-in device's and numpy's are not counted). The counts are
 deterministic; the times are whatever the machine gives. With `--device cupy` (or `numba`) the buffers are
-cupy (numba) arrays on the GPU instead (every rank on GPU 0), and `--top N` lists the N functions that took most of the root's
-own time (cProfile's tottime, every package), to see where a real device's call goes.
+cupy (numba) arrays on the GPU instead (every rank on GPU 0), and `--top N` lists the N functions that
+took most of the root's own time (cProfile's tottime, every package), to see where a real device's call goes.
 
     mpiexec -n 4 python perf/device_overhead.py [--calls 200] [--count 1024] [--device cupy|numba] [--top 15]
 """

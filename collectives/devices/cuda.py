@@ -1,5 +1,6 @@
 """The device interface on CUDA, through cupy: IPC memory handles, streams, events, and the fused reduce
-as a cupy RawKernel (kernels._reduce_raw), compiled once per (op, dtype, inputs, outputs).
+(kernels._reduce_raw), compiled by cupy once per (op, dtype, inputs, outputs) and launched through the
+driver with its arguments packed once (collectives.cuda_driver.Launch).
 
 Streams are cupy Stream objects (the caller's own, or an ExternalStream around a handle it passed);
 events are raw cudaEvent_t handles, created without timing (cheaper to record and wait on). Every call

@@ -6,9 +6,9 @@ two counters. `ready` says its buffers may be read and written: the rank raises 
 has seen the caller's work on them complete (an ordinary event recorded on the caller's stream, or the
 legacy default stream, when the call is made, and synchronised by the caller for a blocking call, by the
 progress thread for an I* call; no event at all where the caller's stream is a non-blocking one that is
-idle already, so that only the kernels' owners queue work on the GPU during a call). No process ever waits on another process's
-event: on one GPU such a wait costs 150-300 us per peer, a host-side flag about a microsecond (issue 22's
-measurements).
+idle already, so that only the kernels' owners queue work on the GPU during a call). No process ever
+waits on another process's event: on one GPU such a wait costs 150-300 us per peer, a host-side flag
+about a microsecond (issue 22's measurements).
 
 Then the owners of the vector's slices each run one fused kernel on their own stream that reads the
 slice from every local rank's buffer (mapped through the registration cache, collectives.devices.peers)

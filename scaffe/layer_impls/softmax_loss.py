@@ -63,12 +63,12 @@ class SoftmaxWithLossLayer(LossLayer, Layer):
             top[1].reshape(shape)
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
-        outer, channels, inner = self.dims
         if _softmax_loss_gpu.usable(bottom[0].data, bottom[1].data):
             self._fused_forward(bottom, top)
             return
         self.fused = None
+        xp = get_array_module(bottom[0].data)
+        outer, channels, inner = self.dims
         self.prob = softmax(bottom[0].data.reshape(self.dims))
         self.labels, self.valid = gather_labels(self, bottom[1], outer, channels, inner, self.ignore_label)
         picked = xp.take_along_axis(self.prob, xp.where(self.valid, self.labels, 0)[:, None, :], axis=1)[:, 0, :]
