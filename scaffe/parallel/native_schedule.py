@@ -4,7 +4,7 @@ What a data-parallel Caffe without co-design does, to measure the other schedule
 ranks start equal (the root's parameters are broadcast once, before the first iteration or test),
 backward runs to the end with no communication, then each gradient is summed by a plain
 `MPI.Intracomm.Allreduce` (MPI's own algorithm, not scaffe's collectives), one blob after the other
-in the order backward completed them (the scaffe schedule's messages, without the overlap), and
+in the order backward completed them (as a trainer on mpi4py would write it), and
 every rank applies the same update. The ranks' stop/snapshot requests follow in one more small
 Allreduce. The calls are reported to `collectives.events`, so the timeline and the stall inspector
 see them like the others.

@@ -2,7 +2,8 @@
 
 Per iteration:
 - backward: as soon as layer i's gradients are complete, they are cut into pieces of at most
-  SCAFFE_PIECE_BYTES (scaffe.parallel.pieces) and each piece's Ireduce to the root starts, while
+  SCAFFE_PIECE_BYTES (scaffe.parallel.pieces; a piece under SCAFFE_MESSAGE_BYTES waits for the next
+  layers' to join it in one message) and each message's Ireduce to the root starts, while
   layer i-1 computes its backward (the collectives run on their own progress thread). The root
   applies Caffe's update to a piece as soon as its sum has arrived (sum / P, then the solver's
   per-blob pipeline on those elements alone) and broadcasts the piece's new parameters at once, on a
@@ -45,7 +46,7 @@ from mpi4py import MPI
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
 from scaffe.parallel.deferral import UNLIMITED, Budget, backward_bytes
-from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
+from scaffe.parallel.pieces import Messages, layer_pieces, message_bytes, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
 
 
@@ -54,20 +55,22 @@ class SCaffeSchedule(Schedule):
         super().__init__(solver, comm)
         self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
         self.piece_bytes = piece_bytes()
+        self._messages = Messages(solver, message_bytes())
         self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first
         # Held pieces finish after the iteration: not with clipping (every sum first) nor snapshot_diff
         # (the snapshot would show their diff cleared).
         holds = self._per_piece and not solver.param.snapshot_diff
         self._budget = Budget(backward_bytes(), holds) if self.rank == self.root else None
         self._bcasts = {}      # layer index -> requests, for the first forward only
-        self._propagating = []  # (layer index, request) of the parameter broadcasts to finish this iteration
-        # The root's work, in reduce order: (piece, layer index, staging buffer or None, (rate, iteration)
-        # of the update or None for this iteration's, request); the first `_updated` are done.
+        self._propagating = []  # (layers, request) of the parameter broadcasts to finish this iteration
+        # The root's work, in reduce order: (piece, staging buffer or None, (rate, iteration) of the
+        # update or None for this iteration's, request); the first `_updated` are done. A piece here is
+        # a message: one or several (scaffe.parallel.pieces.Messages); its first layer's forward needs it.
         self._reduces = []
         self._updated = 0
-        self._held = []        # (layer index, piece) whose reduce starts after backward
+        self._held = []        # pieces whose reduce starts after backward
         self._incoming = {}    # layer index -> requests of held pieces that the next forward waits for
-        self._staging = {}     # (layer index, piece index) -> where a held piece's gradient waits
+        self._staging = {}     # (layers, piece index) -> where a held piece's gradient waits
         self._sent = 0         # bytes of gradients reduced during this backward
         self._limit = None     # this backward's budget, once the root's has arrived
         self.held_updates_in_forward = 0  # the root's updates of held pieces made during a forward
@@ -110,20 +113,21 @@ class SCaffeSchedule(Schedule):
             return
         if self._limit is None:
             self._limit = self._backward_limit()
-        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes)
+        pieces = self._messages.add(layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes,
+                                                 layer_id), last=layer_id == self.final_grads_layer)
         now = []
         for piece in pieces:
             if self._limit == UNLIMITED or self._sent + piece.diff.nbytes <= self._limit:
                 self._sent += piece.diff.nbytes
                 now.append(piece)
             else:
-                self._held.append((layer_id, piece))
-        computed = self.order.mark() if now else None  # layer_id's gradients, and its parameters are free
+                self._held.append(piece)
+        computed = self.order.mark() if now else None  # their gradients, and their parameters are free
         for piece in now:
-            self._reduce(layer_id, piece, piece.diff, computed)
+            self._reduce(piece, piece.diff, computed)
         if self.rank != self.root:
             for piece in now:
-                self._propagate(layer_id, piece, computed)
+                self._propagate(piece, computed)
         elif self._per_piece:
             self._update_arrived(wait=False)
         if layer_id == self.final_grads_layer:
@@ -139,7 +143,7 @@ class SCaffeSchedule(Schedule):
         if self.rank == self.root:
             self._budget.backward_done()
             kept_up = self._per_piece and self._updated == finishing
-            held = sum(piece.diff.nbytes for _, piece in self._held)
+            held = sum(piece.diff.nbytes for piece in self._held)
         self._start_held()
         if self.rank == self.root:
             if not self._per_piece:
@@ -167,7 +171,7 @@ class SCaffeSchedule(Schedule):
     def _finish_propagation(self):
         self.wait_all([request for _, request in self._propagating], "parameters")
         if self.rank != self.root:
-            for layer_id in dict.fromkeys(layer_id for layer_id, _ in self._propagating):
+            for layer_id in dict.fromkeys(layer_id for layers, _ in self._propagating for layer_id in layers):
                 self.order.parameters_arrived(layer_id)
         self._propagating = []
 
@@ -181,37 +185,36 @@ class SCaffeSchedule(Schedule):
 
     def _start_held(self):
         """Reduce the held pieces, lowest layer first, from copies: the next iteration clears the diffs."""
-        held = sorted(self._held, key=lambda entry: entry[0])  # stable: a layer's pieces stay in order
+        held = sorted(self._held, key=lambda piece: piece.layers[0])  # stable: a layer's pieces stay in order
         self._held = []
-        for layer_id, piece in held:
-            staged = self._staging.get((layer_id, piece.index))
+        for piece in held:
+            staged = self._staging.get((piece.layers, piece.index))
             if staged is None:
-                staged = self._staging[layer_id, piece.index] = self.xp.empty_like(piece.diff)
+                staged = self._staging[piece.layers, piece.index] = self.xp.empty_like(piece.diff)
             staged[...] = piece.diff
         copied = self.order.mark() if held else None
         step = (self.solver.get_learning_rate(), self.solver.iter) if self.rank == self.root and held else None
-        for layer_id, piece in held:
-            staged = self._staging[layer_id, piece.index]
-            request = self._reduce(layer_id, piece, staged, copied, step)
+        for piece in held:
+            request = self._reduce(piece, self._staging[piece.layers, piece.index], copied, step)
             if self.rank != self.root:
                 bcast = self.order.start(
                     lambda stream, piece=piece: self.propagation.Ibcast(piece.data, root=self.root, stream=stream),
-                    after=copied, label=piece.label("parameters", layer_id))
-                self._incoming.setdefault(layer_id, []).extend([request, bcast])
+                    after=copied, label=piece.label("parameters"))
+                self._incoming.setdefault(piece.layers[0], []).extend([request, bcast])
 
     def _update_held(self, layer_id):
         """The root, before layer `layer_id`'s forward: its held pieces updated (waiting for their sums);
         others that have arrived too."""
         done = self._updated
         self._update_arrived(wait=False)
-        last = [k for k in range(self._updated, len(self._reduces)) if self._reduces[k][1] == layer_id]
+        last = [k for k in range(self._updated, len(self._reduces)) if self._reduces[k][0].layers[0] == layer_id]
         if last:
             self._update_arrived(wait=True, until=last[-1] + 1)
         self.held_updates_in_forward += self._updated - done
 
     # ------------------------------------------------------------ the root's update, piece by piece
 
-    def _reduce(self, layer_id, piece, buffer, after, step=None):
+    def _reduce(self, piece, buffer, after, step=None):
         """Start the reduce of `buffer` (piece `piece`'s gradient) to the root once event `after` completed."""
         if self.rank == self.root:
             work = lambda stream: self.comm.Ireduce(  # noqa: E731
@@ -219,17 +222,17 @@ class SCaffeSchedule(Schedule):
         else:
             work = lambda stream: self.comm.Ireduce(buffer, None, op=MPI.SUM, root=self.root,  # noqa: E731
                                                     stream=stream)
-        request = self.order.start(work, after=after, label=piece.label("gradients", layer_id))
+        request = self.order.start(work, after=after, label=piece.label("gradients"))
         if self.rank == self.root:
             self._budget.started()
-            self._reduces.append((piece, layer_id, None if buffer is piece.diff else buffer, step, request))
+            self._reduces.append((piece, None if buffer is piece.diff else buffer, step, request))
         return request
 
     def _update_arrived(self, wait, until=None):
         """Update and broadcast, in reduce order, the pieces whose sums have arrived (with `wait`, all up to
         entry `until`, or all)."""
         entries = self._reduces if until is None else self._reduces[:until]
-        for piece, layer_id, staged, step, _ in self.arrived(entries, self._updated, wait):
+        for piece, staged, step, _ in self.arrived(entries, self._updated, wait):
             self._updated += 1
             rate, iteration = step if step is not None else (self.solver.get_learning_rate(), None)
             with timeline.updating():
@@ -240,19 +243,19 @@ class SCaffeSchedule(Schedule):
                                             iteration)
                 if staged is not None:
                     piece.diff.fill(0)  # the diffs were (or will be) cleared for the next passes
-            self._propagate(layer_id, piece, self.order.mark())
+            self._propagate(piece, self.order.mark())
 
     def _average(self, pieces):
         scale = numpy.float32(1.0 / self.size)
         for piece in pieces:
             piece.diff *= scale
 
-    def _propagate(self, layer_id, piece, after):
-        """Broadcast the parameters of `piece` (of layer `layer_id`) once event `after` has completed."""
+    def _propagate(self, piece, after):
+        """Broadcast the parameters of `piece` once event `after` has completed."""
         request = self.order.start(
             lambda stream: self.propagation.Ibcast(piece.data, root=self.root, stream=stream), after=after,
-            label=piece.label("parameters", layer_id))
-        self._propagating.append((layer_id, request))
+            label=piece.label("parameters"))
+        self._propagating.append((piece.layers, request))
 
     # ------------------------------------------------------------ stop/snapshot requests
 

@@ -1,10 +1,13 @@
-"""A GPU net's learnable blobs in flat buffers: data, diff and the solver's history, one array each.
+"""A net's learnable blobs in flat buffers: data, diff and the solver's history, one array each.
 
 Each blob's data and diff become views of their slice (in the net's learnable order, so a layer's blobs
-are one contiguous span), which lets the solver update every blob in one elementwise kernel per step
-(scaffe.solvers.fused) and a distributed schedule send one message per layer instead of one per blob.
-Each learnable blob's lr_mult and decay_mult are spread over its elements once, for the kernel to read.
+are one contiguous span, and so are consecutive layers'), which lets a distributed schedule send one
+message per layer, or one for several small layers, instead of one per blob, and a GPU solver update
+every blob in one elementwise kernel per step (scaffe.solvers.fused). For that kernel each learnable
+blob's lr_mult and decay_mult are spread over its elements, once, when it first asks.
 """
+import functools
+
 import numpy
 
 
@@ -23,16 +26,26 @@ class FlatParams:
             blob.place(self.data[start:stop], self.diff[start:stop])
         net._share_weights()  # blobs shared by name view their owner's new slices
         self.history = [xp.zeros(total, self.dtype) for _ in range(history_sets)]
-        # One upload each, at set-up; multipliers of shared blobs were settled by the net.
-        self.lr_mult = xp.asarray(numpy.repeat(numpy.asarray(net.params_lr, self.dtype), counts))
-        self.decay_mult = xp.asarray(numpy.repeat(numpy.asarray(net.params_weight_decay, self.dtype), counts))
         self.shapes = [blob.shape for blob in blobs]
+        self._net, self._counts = net, counts
+
+    @functools.cached_property
+    def lr_mult(self):
+        """Each element's blob's lr_mult (one upload; multipliers of shared blobs were settled by the net)."""
+        return self._per_element(self._net.params_lr)
+
+    @functools.cached_property
+    def decay_mult(self):
+        return self._per_element(self._net.params_weight_decay)
+
+    def _per_element(self, multipliers):
+        return self._net.xp.asarray(numpy.repeat(numpy.asarray(multipliers, self.dtype), self._counts))
 
     @staticmethod
     def fits(net):
-        """Whether `net` has learnable blobs, all float32 or all float64 (the update kernels'), on a GPU."""
+        """Whether `net` has learnable blobs, all float32 or all float64 (the update kernels')."""
         dtypes = {blob.dtype for blob in net.learnable_params}
-        return net.xp is not numpy and len(dtypes) == 1 and dtypes <= {numpy.dtype("float32"), numpy.dtype("float64")}
+        return len(dtypes) == 1 and dtypes <= {numpy.dtype("float32"), numpy.dtype("float64")}
 
     def history_views(self):
         """The history as the solverstate lists it: every blob's slice of set 0, then of set 1, ..."""

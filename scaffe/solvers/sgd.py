@@ -7,8 +7,8 @@ SGD's update value: h = momentum * h + lr * lr_mult * g; step = h. The other sol
 each) subclass this one and replace only `compute_update_value`, and, for the GPU, `update_kernel`
 (the same step as one kernel over flat buffers, scaffe.solvers.fused) and `fused_scalars`.
 
-On a GPU the learnable blobs and the history live in flat buffers (scaffe.solvers.flat), and a step
-is one kernel launch for all blobs; on the CPU each blob goes through the pipeline in turn.
+The learnable blobs and the history live in flat buffers (scaffe.solvers.flat). On a GPU a step is one
+kernel launch for all blobs; on the CPU each blob goes through the pipeline in turn.
 """
 import math
 
@@ -44,6 +44,8 @@ class SGDSolver(Solver):
     def __init__(self, param, **kwargs):
         super().__init__(param, **kwargs)
         self.flat = FlatParams(self.net, self.history_sets) if FlatParams.fits(self.net) else None
+        # On a GPU a step is one kernel over the flat buffers (a part of it: one over a span of them).
+        self.fused = self.flat is not None and self.net.xp is not numpy
         if self.flat is not None:
             self.history = self.flat.history_views()
         else:
@@ -75,7 +77,7 @@ class SGDSolver(Solver):
         if not self.applies_update:
             return
         self.clip_gradients()
-        if self.flat is not None:
+        if self.fused:
             self.update_elements([(param_id, 0, blob.count) for param_id, blob in enumerate(self.net.learnable_params)],
                                  rate)
             return
@@ -86,7 +88,7 @@ class SGDSolver(Solver):
     def update_elements(self, segments, rate, grad_scale=1.0, iteration=None):
         """Elements start:stop of learnable blob param_id, for each (param_id, start, stop) of `segments`
         (a schedule's piece of a layer): gradients times `grad_scale` (a schedule's 1/P), then the per-blob
-        pipeline on those elements alone and data -= diff. On a GPU the segments must follow each other in
+        pipeline on those elements alone and data -= diff. Fused, the segments must follow each other in
         the flat buffers: one kernel over their span. `iteration`: the one whose gradients these are, where
         a schedule finishes its update after `iter` moved on (Adam's bias correction counts it)."""
         self.update_iter = self.iter if iteration is None else iteration
@@ -96,7 +98,7 @@ class SGDSolver(Solver):
             self.update_iter = None
 
     def _update_elements(self, segments, rate, grad_scale):
-        if self.flat is None:
+        if not self.fused:
             for param_id, start, stop in segments:
                 part = slice(start, stop)
                 diff = self.diff_of(param_id, part)
@@ -142,7 +144,7 @@ class SGDSolver(Solver):
         clip = float(numpy.float32(self.param.clip_gradients))
         if clip < 0:
             return
-        if self.flat is not None:
+        if self.fused:
             self._clip_on_device(clip)
             return
         sumsq = 0.0

@@ -66,7 +66,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self.last_rate = None
         self.applies_update = True
-        self.flat = None  # the learnables' flat buffers (scaffe.solvers.flat) where a GPU solver keeps them
+        self.flat = None  # the learnables' flat buffers (scaffe.solvers.flat) where the solver keeps them
         if root_solver:
             log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(self.param))
         if self.param.average_loss < 1:

@@ -153,6 +153,7 @@ def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, sche
         monkeypatch.setattr(collectives.Comm, name, call)
     for name in ("Ireduce", "Iallreduce", "Ibcast"):
         recording(name)
+    monkeypatch.setenv("SCAFFE_MESSAGE_BYTES", "1")  # a message per layer, to see each layer's order
     _, device = lenet_solvers(cupy_stand_in, "SGD")
     compute = cupy_stand_in.cuda.get_current_stream()
     layer_done = {}

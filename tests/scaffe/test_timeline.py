@@ -100,8 +100,7 @@ def test_native_schedule_collectives_are_labelled_and_not_hidden(mnist, tmp_path
                ("Allreduce conv1", 80)]
         assert gradients == one * 3
         params = [e["name"] for e in collectives if e["args"].get("carries") == "parameters"]
-        assert params == ["Bcast conv1", "Bcast conv1", "Bcast conv2", "Bcast conv2", "Bcast ip1", "Bcast ip1",
-                          "Bcast ip2", "Bcast ip2"]
+        assert params == ["Bcast conv1", "Bcast conv2", "Bcast ip1", "Bcast ip2"]  # a layer's blobs: one slice
         assert sum(e["name"] == "wait gradients" for e in events) == 3
     rows = timeline.gradient_overlap(trace)
     assert len(rows) == 2 * 8 and all(r["count"] == 3 and r["hidden_us"] == 0 for r in rows)
@@ -164,18 +163,20 @@ def test_layers_read_no_clock_unless_a_timeline_listens(monkeypatch):
 
 
 # LeNet's blobs in pieces of 60000 bytes (scaffe.parallel.pieces): weights, then bias, of each layer.
-PIECES = {"ip2": 1 + 1, "ip1": 27 + 1, "conv2": 2 + 1, "conv1": 1 + 1}
+# A layer's blobs are one span of the flat buffers, cut from its end: [1/N] holds its last elements.
+PIECES = {"ip2": 1, "ip1": 27, "conv2": 2, "conv1": 1}
 
 
 def _pieces(op, layers):
-    return [f"{op} {layer} [{k}/{PIECES[layer]}]" for layer in layers for k in range(1, PIECES[layer] + 1)]
+    return [f"{op} {layer}" + (f" [{k}/{PIECES[layer]}]" if PIECES[layer] > 1 else "")
+            for layer in layers for k in range(1, PIECES[layer] + 1)]
 
 
 # With SCAFFE_BACKWARD_BYTES=100000 the pieces that fit in 100000 bytes, in backward order, are reduced during
 # backward (a piece that does not fit is held, a later smaller one may still fit); the held ones start after
 # backward, lowest layer first.
-DURING_BACKWARD = ["ip2 [1/2]", "ip2 [2/2]", "ip1 [1/28]", "ip1 [28/28]", "conv2 [3/3]", "conv1 [1/2]", "conv1 [2/2]"]
-HELD = ["conv2 [1/3]", "conv2 [2/3]"] + [f"ip1 [{k}/28]" for k in range(2, 28)]
+DURING_BACKWARD = ["ip2", "ip1 [1/27]", "conv1"]
+HELD = ["conv2 [1/2]", "conv2 [2/2]"] + [f"ip1 [{k}/27]" for k in range(2, 28)]
 
 
 def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnist, tmp_path):
@@ -185,7 +186,7 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
     backward's budget go after backward, lowest layer first, and the root updates and sends them during the
     next iteration's forward."""
     log = _train(tmp_path, 2, "--schedule=scaffe", f"--timeline={tmp_path / 't.json'}",
-                 env={"SCAFFE_PIECE_BYTES": "60000", "SCAFFE_BACKWARD_BYTES": "100000"})
+                 env={"SCAFFE_PIECE_BYTES": "60000", "SCAFFE_BACKWARD_BYTES": "100000", "SCAFFE_MESSAGE_BYTES": "1"})
     assert re.search(r"Timeline written to .*; communication [\d.]+ ms over all ranks, [\d.]+% hidden behind "
                      r"compute \(rank 0 [\d.]+%, rank 1 [\d.]+%\)", log)
     trace = timeline.load(tmp_path / "t.json")
@@ -200,7 +201,7 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
         # The first forward's parameters in forward order, a layer's blobs whole, then each iteration's new
         # ones piece by piece as the root's update of each piece arrives, in backward order.
         assert [e["name"] for e in collectives if e["args"].get("carries") == "parameters"] == [
-            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2") for _ in range(2)] + [
+            f"Ibcast {layer}" for layer in ("conv1", "conv2", "ip1", "ip2")] + [
             f"Ibcast {p}" for p in DURING_BACKWARD + HELD] * 3
         # What else went is the ranks' stop/snapshot flags: a few bytes each iteration.
         assert all(e["args"]["bytes"] < 64 for e in collectives if "carries" not in e["args"])
