@@ -3,8 +3,9 @@
 Each blob's data and diff become views of their slice (in the net's learnable order, so a layer's blobs
 are one contiguous span, and so are consecutive layers'), which lets a distributed schedule send one
 message per layer, or one for several small layers, instead of one per blob, and a GPU solver update
-every blob in one elementwise kernel per step (scaffe.solvers.fused). For that kernel each learnable
-blob's lr_mult and decay_mult are spread over its elements, once, when it first asks.
+every blob in one elementwise kernel per step (scaffe.solvers.fused; the CPU, one pass per blob). For
+the GPU kernel each learnable blob's lr_mult and decay_mult are spread over its elements, once, when it
+first asks.
 """
 import functools
 
@@ -27,16 +28,17 @@ class FlatParams:
         net._share_weights()  # blobs shared by name view their owner's new slices
         self.history = [xp.zeros(total, self.dtype) for _ in range(history_sets)]
         self.shapes = [blob.shape for blob in blobs]
+        self.lr_multipliers, self.decay_multipliers = list(net.params_lr), list(net.params_weight_decay)
         self._net, self._counts = net, counts
 
     @functools.cached_property
     def lr_mult(self):
         """Each element's blob's lr_mult (one upload; multipliers of shared blobs were settled by the net)."""
-        return self._per_element(self._net.params_lr)
+        return self._per_element(self.lr_multipliers)
 
     @functools.cached_property
     def decay_mult(self):
-        return self._per_element(self._net.params_weight_decay)
+        return self._per_element(self.decay_multipliers)
 
     def _per_element(self, multipliers):
         return self._net.xp.asarray(numpy.repeat(numpy.asarray(multipliers, self.dtype), self._counts))

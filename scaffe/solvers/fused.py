@@ -1,14 +1,37 @@
-"""A whole solver step as one kernel launch over flat buffers (GPU): the kernels are registered in
-kernels/cuda_sources.py (`scaffe_<solver>_update`, with the CUDA source CI compiles), each the per-blob
-pipeline of scaffe.solvers.sgd per element. Scalars travel as kernel arguments, so a step costs one
-launch and no host synchronisation."""
+"""A whole solver step over flat buffers, each the per-blob pipeline of scaffe.solvers.sgd per element:
+on a GPU one kernel launch (`scaffe_<solver>_update`, registered in kernels/cuda_sources.py with the CUDA
+source CI compiles); on the CPU its numba twin (kernels/solver_updates.py), one pass per blob, split
+over threads where the blob is large. Scalars travel as kernel arguments, so a GPU step costs one launch
+and no host synchronisation."""
+import numpy
+
+from kernels._threads import run_split
 from kernels.cuda_sources import launch_elementwise
+from kernels.solver_updates import CPU_UPDATES
 
 
-def fused_step(kernel, flat, span, rate, grad_scale, weight_decay, l1, scalars):
-    """Update elements span[0]:span[1] of FlatParams `flat` with update kernel `kernel` on the current stream;
-    `scalars`: the solver's own, in the order of the kernel's parameters."""
-    part = slice(*span)
-    launch_elementwise(kernel, flat.dtype, span[1] - span[0], flat.data[part], flat.diff[part], flat.lr_mult[part],
-                       flat.decay_mult[part], rate, grad_scale, weight_decay, int(l1), *scalars,
+def fused_step(kernel, flat, segments, rate, grad_scale, weight_decay, l1, scalars):
+    """Update `segments`, (learnable id, start, stop) element ranges that follow each other in FlatParams
+    `flat`, with update kernel `kernel`; on a GPU on the current stream. `scalars`: the solver's own, in
+    the order of the kernel's parameters."""
+    if flat.data.__class__ is numpy.ndarray:
+        _cpu_step(CPU_UPDATES[kernel], flat, segments, rate, grad_scale, weight_decay, l1, scalars)
+        return
+    part = slice(*flat.elements(segments))
+    launch_elementwise(kernel, flat.dtype, part.stop - part.start, flat.data[part], flat.diff[part],
+                       flat.lr_mult[part], flat.decay_mult[part], rate, grad_scale, weight_decay, int(l1), *scalars,
                        *[h[part] for h in flat.history])
+
+
+def _cpu_step(update, flat, segments, rate, grad_scale, weight_decay, l1, scalars):
+    """The GPU kernel's arithmetic: its float arguments rounded to float32, then to the blobs' type T."""
+    cast = flat.dtype.type
+    as_kernel_float = lambda value: cast(numpy.float32(value))  # noqa: E731
+    own = tuple(as_kernel_float(value) for value in scalars)
+    for param_id, start, stop in segments:
+        local_decay = as_kernel_float(weight_decay) * cast(flat.decay_multipliers[param_id])
+        local_rate = as_kernel_float(rate) * cast(flat.lr_multipliers[param_id])
+        part = slice(flat.bounds[param_id] + start, flat.bounds[param_id] + stop)
+        args = (flat.data[part], flat.diff[part], cast(1), as_kernel_float(grad_scale), local_decay, bool(l1),
+                local_rate, *own, *[h[part] for h in flat.history])
+        run_split(update, args, stop - start, stop - start)

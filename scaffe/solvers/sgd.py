@@ -4,11 +4,13 @@ ApplyUpdate follows Caffe's exactly, because users compare loss curves and saved
 Caffe's: learning rate -> clip by global L2 norm -> per blob: divide by iter_size, weight decay
 (L2 or L1, times decay_mult), the solver's own update value (with lr_mult) -> data -= diff.
 SGD's update value: h = momentum * h + lr * lr_mult * g; step = h. The other solvers (one file
-each) subclass this one and replace only `compute_update_value`, and, for the GPU, `update_kernel`
+each) subclass this one and replace only `compute_update_value`, and, for flat buffers, `update_kernel`
 (the same step as one kernel over flat buffers, scaffe.solvers.fused) and `fused_scalars`.
 
-The learnable blobs and the history live in flat buffers (scaffe.solvers.flat). On a GPU a step is one
-kernel launch for all blobs; on the CPU each blob goes through the pipeline in turn.
+The learnable blobs and the history live in flat buffers (scaffe.solvers.flat), where a step is one
+kernel over them (scaffe.solvers.fused: one launch for all blobs on a GPU, one pass per blob on the
+CPU) that computes what the pipeline computes; without flat buffers (learnable blobs of mixed types)
+each blob goes through the pipeline in turn.
 """
 import math
 
@@ -44,8 +46,6 @@ class SGDSolver(Solver):
     def __init__(self, param, **kwargs):
         super().__init__(param, **kwargs)
         self.flat = FlatParams(self.net, self.history_sets) if FlatParams.fits(self.net) else None
-        # On a GPU a step is one kernel over the flat buffers (a part of it: one over a span of them).
-        self.fused = self.flat is not None and self.net.xp is not numpy
         if self.flat is not None:
             self.history = self.flat.history_views()
         else:
@@ -77,7 +77,7 @@ class SGDSolver(Solver):
         if not self.applies_update:
             return
         self.clip_gradients()
-        if self.fused:
+        if self.flat is not None:
             self.update_elements([(param_id, 0, blob.count) for param_id, blob in enumerate(self.net.learnable_params)],
                                  rate)
             return
@@ -88,8 +88,8 @@ class SGDSolver(Solver):
     def update_elements(self, segments, rate, grad_scale=1.0, iteration=None):
         """Elements start:stop of learnable blob param_id, for each (param_id, start, stop) of `segments`
         (a schedule's piece of a layer): gradients times `grad_scale` (a schedule's 1/P), then the per-blob
-        pipeline on those elements alone and data -= diff. Fused, the segments must follow each other in
-        the flat buffers: one kernel over their span. `iteration`: the one whose gradients these are, where
+        pipeline on those elements alone and data -= diff, fused where the solver keeps flat buffers; on a
+        GPU the segments must follow each other there: one kernel over their span. `iteration`: the one whose gradients these are, where
         a schedule finishes its update after `iter` moved on (Adam's bias correction counts it)."""
         self.update_iter = self.iter if iteration is None else iteration
         try:
@@ -98,7 +98,7 @@ class SGDSolver(Solver):
             self.update_iter = None
 
     def _update_elements(self, segments, rate, grad_scale):
-        if not self.fused:
+        if self.flat is None:
             for param_id, start, stop in segments:
                 part = slice(start, stop)
                 diff = self.diff_of(param_id, part)
@@ -109,7 +109,7 @@ class SGDSolver(Solver):
                 data -= diff
             return
         scale = numpy.float32(grad_scale) * numpy.float32(1.0 / self.param.iter_size)
-        fused_step(self.update_kernel, self.flat, self.flat.elements(segments), rate, scale, self.param.weight_decay,
+        fused_step(self.update_kernel, self.flat, segments, rate, scale, self.param.weight_decay,
                    self._l1_regularization(), self.fused_scalars(rate))
 
     def clear_param_diffs(self):
@@ -144,7 +144,7 @@ class SGDSolver(Solver):
         clip = float(numpy.float32(self.param.clip_gradients))
         if clip < 0:
             return
-        if self.fused:
+        if self.flat is not None and self.net.xp is not numpy:
             self._clip_on_device(clip)
             return
         sumsq = 0.0

@@ -65,7 +65,7 @@ def assert_same_training(host, device, rtol=1e-5, atol=1e-7):
     ("SGD", {"regularization_type": "L1", "iter_size": 2})])
 def test_fused_step_equals_the_per_blob_pipeline(cupy_stand_in, solver_type, fields):
     """A GPU solver step is one kernel launch over the flat buffers, with no host sync, and updates exactly as
-    the CPU's per-blob pipeline does from the same gradients (the device's own differ in the last bits: the
+    the CPU does (whose step is the per-blob pipeline's, test_cpu_fused_step_...) from the same gradients (the device's own differ in the last bits: the
     fused SoftmaxWithLoss sums its channels in another order than numpy, and AdaGrad and its kin divide by a
     gradient's own size)."""
     host, device = lenet_solvers(cupy_stand_in, solver_type, **fields)
@@ -266,3 +266,24 @@ def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_pa
         for name in b:
             scale = max(1.0, float(numpy.abs(a[name]).max()))
             numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=schedule)
+
+
+@pytest.mark.parametrize("solver_type, fields", [(t, {}) for t in SOLVERS] + [
+    ("SGD", {"regularization_type": "L1"}), ("Adam", {"iter_size": 2})])
+def test_cpu_fused_step_equals_the_per_blob_pipeline(solver_type, fields):
+    """On the CPU the flat buffers' step (the kernels' numba twins, one pass per blob) updates bit for bit as
+    the per-blob pipeline does (what runs without flat buffers) from the same gradients, history included."""
+    fused, pipeline = lenet_solvers(numpy, solver_type, **fields)
+    pipeline.flat = None  # its blobs stay views of the flat buffers; its steps take the per-blob pipeline
+    for _ in range(3):
+        for solver in (fused, pipeline):
+            solver.clear_param_diffs()
+        fused.forward_backward()
+        for a, b in zip(fused.net.learnable_params, pipeline.net.learnable_params):
+            b.diff[...] = a.diff
+        for solver in (fused, pipeline):
+            solver.apply_update()
+            solver.iter += 1
+    for a, b in zip(fused.net.learnable_params + fused.history, pipeline.net.learnable_params + pipeline.history):
+        numpy.testing.assert_array_equal(getattr(a, "data", a), getattr(b, "data", b))
+    assert any(numpy.abs(a.data).sum() for a in fused.net.learnable_params)
