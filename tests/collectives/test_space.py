@@ -57,11 +57,23 @@ GRID = [
 ]
 
 
-@pytest.mark.parametrize("case", GRID, ids=launch_id)
-def test_topologies(case):
-    ranks, per_node, algo = case
-    run_ok(ranks, "space.py", "--rotate", *REDUCED, "--sizes", SIZES, "--name", launch_id(case),
-           env=env_for(per_node, algo), timeout=90)
+def settings_of(cases):
+    """--settings of each (ranks, per_node, algo) case: one pass each, on a communicator of its own."""
+    return [word for _, per_node, algo, *_ in cases
+            for word in ("--settings", f"SCAFFE_RANKS_PER_NODE={per_node or ''},SCAFFE_REDUCE_ALGO={algo or ''}")]
+
+
+def by_ranks(cases):
+    """`cases` grouped by rank count: each group runs in one launch."""
+    return {ranks: [case for case in cases if case[0] == ranks] for ranks in sorted({case[0] for case in cases})}
+
+
+@pytest.mark.parametrize("ranks", by_ranks(GRID), ids=lambda ranks: f"n{ranks}")
+def test_topologies(ranks):
+    cases = by_ranks(GRID)[ranks]
+    job = run_ok(ranks, "space.py", "--rotate", *REDUCED, "--sizes", SIZES, "--name", f"n{ranks}", *settings_of(cases),
+                 env=SMALL_CHUNKS, timeout=30 + 30 * len(cases))
+    assert job.stdout.count("WORKER-OK") == len(cases), job.report()
 
 
 def test_every_root_uneven_nodes():
@@ -74,12 +86,13 @@ def test_every_root_uneven_nodes():
 CROSSED = [(3, 2, "hierarchical"), (4, None, "hierarchical"), (4, None, "chain"), (4, 2, None)]
 
 
-@pytest.mark.parametrize("case", CROSSED, ids=launch_id)
-def test_every_root_inplace_and_mode_crossed(case):
+@pytest.mark.parametrize("ranks", by_ranks(CROSSED), ids=lambda ranks: f"n{ranks}")
+def test_every_root_inplace_and_mode_crossed(ranks):
     """No rotation: every root x in-place x (blocking, Wait, Test loop, Waitall) for each op, dtype, size."""
-    ranks, per_node, algo = case
-    run_ok(ranks, "space.py", "--ops", "sum", "--dtypes", "int8,float64", "--sizes", "7,5003",
-           "--name", launch_id(case), env=env_for(per_node, algo), timeout=90)
+    cases = by_ranks(CROSSED)[ranks]
+    job = run_ok(ranks, "space.py", "--ops", "sum", "--dtypes", "int8,float64", "--sizes", "7,5003",
+                 "--name", f"crossed-n{ranks}", *settings_of(cases), env=SMALL_CHUNKS, timeout=30 + 60 * len(cases))
+    assert job.stdout.count("WORKER-OK") == len(cases), job.report()
 
 
 # A few MiB: above every selection threshold and CHAIN_FROM_BYTES (4 MiB for float32 and float64), so the

@@ -8,6 +8,10 @@ three dimensions across the space at a fraction of the cost of crossing them.
 
     mpiexec -n 4 python space.py --ops all --dtypes all --sizes 0,1,7,1001,5003
 
+Each --settings VAR=value,... (an empty value unsets VAR) adds one pass over the space, on a communicator
+made under those settings (the collectives read them when a communicator is set up): several topologies in
+one launch, each checked to be the one asked for before its pass.
+
 --memory device puts every buffer on the GPU (numba device arrays; numba's CUDA simulator without a
 GPU), --memory mixed a device send buffer with a host receive buffer on even ranks and the other way
 round on odd ones. --memory interface passes host memory behind `__cuda_array_interface__` (mpi4py's
@@ -15,6 +19,9 @@ round on odd ones. --memory interface passes host memory behind `__cuda_array_in
 """
 import argparse
 import itertools
+import os
+
+import collectives
 
 import numpy
 from mpi4py import MPI
@@ -149,11 +156,44 @@ def main():
                              "instead of crossing them")
     parser.add_argument("--memory", default="host", choices=["host", "device", "mixed", "interface", "dlpack"])
     parser.add_argument("--name", default="space")
+    parser.add_argument("--settings", action="append", default=[],
+                        help="VAR=value,... for one more pass on a communicator made under them (repeatable)")
     args = parser.parse_args()
     global MEMORY
     MEMORY = args.memory
 
-    w = Worker()
+    w = Worker()  # its communicator is set up at its first call: never, where --settings make others
+    for settings in args.settings or [None]:
+        name = args.name
+        if settings is not None:
+            communicator_under(w, settings)
+            name += f" [{settings}]"
+        space(w, args)
+        w.done(name)
+        if settings is not None:
+            w.comm.Free()
+
+
+def communicator_under(w, settings):
+    """w.comm: a Comm of every rank made under `settings` (VAR=value,...), checked to have the nodes and
+    algorithm they ask for."""
+    for item in settings.split(","):
+        variable, value = item.split("=", 1)
+        if value:
+            os.environ[variable] = value
+        else:
+            os.environ.pop(variable, None)
+    comm = w.comm = collectives.Comm(MPI.COMM_WORLD.Dup())  # freed after its pass
+    w.case(f"setting up under {settings}")
+    comm.describe()  # sets it up, reading the settings
+    per_node = int(os.environ.get("SCAFFE_RANKS_PER_NODE") or 0)
+    nodes = -(-w.size // per_node) if per_node else 1  # one host here
+    w.check_true(comm.node_topology.num_nodes == nodes, f"{comm.node_topology.num_nodes} nodes, not {nodes}")
+    w.check_true(comm.forced == (os.environ.get("SCAFFE_REDUCE_ALGO") or None), f"algorithm {comm.forced}")
+
+
+def space(w, args):
+    """One pass over the space on w.comm."""
     kinds = args.kinds.split(",")
     ops, dtypes = op_list(args.ops), dtype_list(args.dtypes)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -173,7 +213,6 @@ def main():
             for root, inplace, mode in variants:
                 seed += 1
                 run(w, kind, op, dtype, n, root, inplace, mode, seed)
-    w.done(args.name)
 
 
 if __name__ == "__main__":
