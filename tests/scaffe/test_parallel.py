@@ -114,14 +114,15 @@ def test_mpiexec_scaffe_train_lenet(mnist, tmp_path):
     text = text.replace('snapshot_prefix: "examples/mnist/lenet"', f'snapshot_prefix: "{tmp_path}/lenet"')
     text = text.replace('net: "examples/mnist/lenet_train_test.prototxt"',
                         f'net: "{ROOT}/examples/mnist/lenet_train_test.prototxt"')
+    text = text.replace("test_interval: 500", "test_interval: 300")  # 0.962-0.969 measured at 250-300
     solver.write_text(text)
-    done = _run(2, ["-m", "scaffe", "train", f"--solver={solver}", "--iterations=500"], timeout=400)
+    done = _run(2, ["-m", "scaffe", "train", f"--solver={solver}", "--iterations=300"], timeout=400)
     log = done.stdout + done.stderr
     assert "Data-parallel training on 2 ranks" in log
     accuracy = [float(line.rsplit("=", 1)[1]) for line in log.splitlines() if "Test net output #0: accuracy" in line]
     assert accuracy and accuracy[-1] >= 0.95, log[-2000:]
     assert "Optimization Done." in log
-    assert (tmp_path / "lenet_iter_500.caffemodel").exists()
+    assert (tmp_path / "lenet_iter_300.caffemodel").exists()
 
 
 def _snapshot_arrays(prefix, iteration):
