@@ -9,24 +9,47 @@ layer from making one bucket that completes only when all of it has crossed the 
 bucket's sum is in, every rank updates its pieces (sum / P, then the solver's per-blob pipeline on
 those elements alone), so the update of the large layers overlaps the allreduce of the later buckets
 instead of following the last one. The ranks look for arrived buckets after each layer's backward.
+
+Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule): only the pieces that fit in the
+backward's budget of bytes, in backward order, go into buckets during backward; the others are packed
+when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
+updates each of those buckets during the next iteration's forward, before the forward of the lowest
+layer it holds, with the rate and iteration of the iteration whose gradients it holds. Rank 0's budget
+reaches the others in the last bucket (each rank adds 0), so all hold back the same pieces. Before
+anything reads the parameters between iterations (a test, a snapshot, the end of `Solver.step`) they
+all land: `on_parameters_read`.
+
 A solver that clips gradients (`clip_gradients`) needs their global norm: it then updates the whole
-model after the last bucket, as a single process does (said once in the log).
+model after the last bucket, as a single process does (said once in the log), and holds nothing back.
 
 Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag per effect, and the
 summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
 
 On a GPU the buckets are device buffers of the gradients' own array module, packed on the compute
 stream; each bucket's Iallreduce starts once an event after its packing has completed (see
-scaffe.parallel.streams). The flags then travel in a small host Iallreduce of their own, after the
-last bucket: reading them from a device bucket would make the host wait for the device.
+scaffe.parallel.streams). The flags and the budget then travel in a small host Iallreduce of their
+own, after the last bucket: reading them from a device bucket would make the host wait for the device.
 """
 import numpy
 from mpi4py import MPI
 
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
+from scaffe.parallel.deferral import UNLIMITED, Budget, backward_bytes
 from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
+
+
+class Bucket:
+    """A flat buffer of packed pieces: `layout` (piece, start, stop), its Iallreduce `request`, and for a
+    held one `step`, the (rate, iteration) of its update."""
+    __slots__ = ("flat", "layout", "request", "step")
+
+    def __init__(self, flat, layout, request, step=None):
+        self.flat, self.layout, self.request, self.step = flat, layout, request, step
+
+    def first_layer(self):
+        return min(piece.layers[0] for piece, _, _ in self.layout)
 
 
 class AllreduceSchedule(Schedule):
@@ -35,41 +58,65 @@ class AllreduceSchedule(Schedule):
         self.bucket_bytes = piece_bytes()  # also the largest piece of a layer: a large one fills buckets alone
         self._by_piece = updates_by_piece(solver, self.rank)
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
-        self._buckets = []       # [(flat buffer, [(piece, start, stop)], request)]
-        self._finished = 0       # how many of them are unpacked (and updated)
-        self._pending = []       # pieces waiting to be packed into the next bucket
+        # Held buckets are updated after the iteration: not with clipping (every sum first) nor
+        # snapshot_diff (the snapshot would show their diff cleared).
+        self._budget = Budget(backward_bytes(), self._by_piece and not solver.param.snapshot_diff)
+        self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
+        self._sent = 0             # bytes of gradients packed during this backward
+        self._buckets = []         # this backward's Buckets
+        self._finished = 0         # how many of them are unpacked (and updated)
+        self._held = []            # pieces beyond the budget, packed after backward
+        self._incoming = []        # held Buckets of the last iteration, lowest layer first, not yet updated
+        self._pending = []         # pieces waiting to be packed into the next bucket
         self._pending_bytes = 0
-        self._pending_layers = []  # the layers whose backward gave them (what the timeline shows)
-        self._storage = {}       # bucket index -> flat buffer, grown once and reused
-        self._flags = None       # the final bucket's request flags (host flags on a GPU), once launched
+        self._storage = {}         # (kind, bucket index) -> flat buffer, grown once and reused
+        self._flags = None         # the final bucket's request flags and budget (host ones on a GPU), once launched
         self._flags_request = None  # on a GPU: the Iallreduce of the host flags
+        self.held_updates_in_forward = 0  # held buckets updated during a forward
 
     def on_start(self):
         self.passes = 0
-        self._buckets, self._finished = [], 0
-        self._pending, self._pending_bytes, self._pending_layers = [], 0, []
+        self._buckets, self._finished, self._sent = [], 0, 0
+        self._pending, self._pending_bytes = [], 0
         self._flags = self._flags_request = None
         self.sync_once()
+
+    def param_needed(self, layer_id):
+        """Before layer `layer_id`'s forward: the held buckets up to its layer are in and updated."""
+        done = len(self._incoming)
+        while self._incoming and self._incoming[0].first_layer() <= layer_id:
+            self._update_held(self._incoming.pop(0))
+        self.held_updates_in_forward += done - len(self._incoming)
+
+    def on_parameters_read(self):
+        while self._incoming:
+            self._update_held(self._incoming.pop(0))
 
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
-        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.bucket_bytes)
+        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.bucket_bytes, layer_id)
         for k, piece in enumerate(pieces):
-            self._pending.append(piece)
-            self._pending_bytes += piece.diff.nbytes
-            self._pending_layers.append(layer_id)
+            if self._limit == UNLIMITED or self._sent + piece.diff.nbytes <= self._limit:
+                self._sent += piece.diff.nbytes
+                self._pending.append(piece)
+                self._pending_bytes += piece.diff.nbytes
+            else:
+                self._held.append(piece)
             final = layer_id == self.final_grads_layer and k == len(pieces) - 1  # the flags go with it
             if self._pending_bytes >= self.bucket_bytes or final:
                 self._launch(final)
         self._finish_arrived(wait=False)
 
-    def _launch(self, final=False):
+    def _launch(self, final=False, held=False):
+        """Pack the pending pieces into a bucket and start its Iallreduce; `final`: with the flags."""
         xp = self.xp
         dtype = self._pending[0].diff.dtype if self._pending else numpy.float32
         count = sum(piece.diff.size for piece in self._pending)
         flags_inside = final and xp is numpy
-        flat = self._bucket_buffer(len(self._buckets), count + (self.flag_count if flags_inside else 0), dtype)
+        buckets = self._incoming if held else self._buckets
+        flat = self._bucket_buffer(("held" if held else "backward", len(buckets)),
+                                   count + (self.flag_count + 1 if flags_inside else 0), dtype)
         layout, start = [], 0
         for piece in self._pending:
             flat[start:start + piece.diff.size] = piece.diff
@@ -77,43 +124,82 @@ class AllreduceSchedule(Schedule):
             start += piece.diff.size
         if flags_inside:
             self._flags = flat[count:]
-            self._flags[:] = self.local_flags()
-        label = ("gradients", tuple(dict.fromkeys(self._pending_layers))) if self._pending else None
+            self._flags[:] = self._flags_and_budget()
+        layers = tuple(dict.fromkeys(layer for piece in self._pending for layer in piece.layers))  # as filled
+        label = ("gradients", layers) if self._pending else None
+        if self._pending and not held:
+            self._budget.started()
         request = self.order.start(lambda stream: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
                                    after=self.order.mark(), label=label)
-        self._buckets.append((flat, layout, request))
-        self._pending, self._pending_bytes, self._pending_layers = [], 0, []
+        step = (self.solver.get_learning_rate(), self.solver.iter) if held else None
+        buckets.append(Bucket(flat, layout, request, step))
+        self._pending, self._pending_bytes = [], 0
         if final and not flags_inside:
-            self._flags = numpy.array(self.local_flags(), numpy.int32)
+            self._flags = numpy.array(self._flags_and_budget(), numpy.int64)
             self._flags_request = self.order.start(  # host flags: nothing to order after
                 lambda _: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
-    def _bucket_buffer(self, index, count, dtype):
-        """Bucket `index`'s buffer, grown when too small and kept: host buckets live in the communicator's
+    def _flags_and_budget(self):
+        """This rank's request flags, then rank 0's budget for the backwards to come (0 from the others)."""
+        return [*self.local_flags(), self._budget.value if self.rank == 0 else 0]
+
+    def _bucket_buffer(self, key, count, dtype):
+        """Bucket `key`'s buffer, grown when too small and kept: host buckets live in the communicator's
         shared memory where it offers it, device buckets are of the gradients' own array module."""
-        buf = self._storage.get(index)
+        buf = self._storage.get(key)
         if buf is None or buf.size < count or buf.dtype != dtype:
             alloc = getattr(self.comm, "alloc", None) if self.xp is numpy else None
             buf = alloc((count,), dtype) if alloc is not None else self.xp.empty(count, dtype)
-            self._storage[index] = buf
+            self._storage[key] = buf
         return buf[:count]
 
     def on_gradients_ready(self):
         if self._flags is None:  # a net without gradients still agrees on requests
             self._launch(final=True)
+        self._budget.backward_done()
+        self._finish_arrived(wait=False)
+        kept_up = self._finished == len(self._buckets)
+        held = sum(piece.diff.nbytes for piece in self._held)
+        self._start_held()
         self._finish_arrived(wait=True)
+        self._budget.measure(self._sent, self._sent + held, kept_up)
         self.wait_all([self._flags_request], "gradients")
-        self.agreed = requests_from_flags(self._flags)
+        self.agreed = requests_from_flags(self._flags[:self.flag_count])
+        self._limit = int(self._flags[self.flag_count])
         self._buckets = []
 
+    def _start_held(self):
+        """Pack the held pieces, lowest layer first, into buckets of their own and start their Iallreduces."""
+        held, self._held = sorted(self._held, key=lambda piece: piece.layers[0]), []  # stable within a layer
+        for piece in held:
+            self._pending.append(piece)
+            self._pending_bytes += piece.diff.nbytes
+            if self._pending_bytes >= self.bucket_bytes:
+                self._launch(held=True)
+        if self._pending:
+            self._launch(held=True)
+
     def _finish_arrived(self, wait):
-        """Unpack, in launch order, the buckets whose sums have arrived (all, with `wait`): sum / P into the
-        gradients, then, piece by piece, the solver's update of those elements."""
-        scale = numpy.float32(1.0 / self.size)
-        for flat, layout, _ in self.arrived(self._buckets, self._finished, wait):
+        """Unpack, in launch order, this backward's buckets whose sums have arrived (all, with `wait`)."""
+        for bucket in self.arrived([(b, b.request) for b in self._buckets], self._finished, wait):
             self._finished += 1
-            with timeline.updating():
-                for piece, start, stop in layout:
-                    self.xp.multiply(flat[start:stop], scale, out=piece.diff)
-                    if self._by_piece:
-                        self.solver.update_elements(piece.segments, self.solver.get_learning_rate())
+            self._unpack(bucket[0])
+
+    def _update_held(self, bucket):
+        self.wait_all([bucket.request], "parameters", bucket.first_layer())
+        self._unpack(bucket)
+
+    def _unpack(self, bucket):
+        """sum / P into the gradients, then, piece by piece, the solver's update of those elements (a held
+        bucket's with its own iteration's rate, its pieces' gradients cleared after: the next backward adds
+        to them)."""
+        scale = numpy.float32(1.0 / self.size)
+        rate, iteration = bucket.step if bucket.step is not None else (None, None)
+        with timeline.updating():
+            for piece, start, stop in bucket.layout:
+                self.xp.multiply(bucket.flat[start:stop], scale, out=piece.diff)
+                if self._by_piece:
+                    self.solver.update_elements(piece.segments, rate if rate is not None
+                                                else self.solver.get_learning_rate(), iteration=iteration)
+                if bucket.step is not None:
+                    piece.diff.fill(0)

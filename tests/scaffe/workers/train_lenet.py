@@ -8,7 +8,7 @@ cases); case k > 0 saves its weights in out.npz with `.k` before the suffix (out
 
 With --gpu the net lives on cupy (the stand-in, in CI), and the file also holds `host_syncs`: how often
 the training thread waited for the device inside the iterations between the first and the last.
-The scaffe schedule's root adds `held_updates_in_forward`: how many pieces held back after a backward it
+The scaffe and allreduce schedules add `held_updates_in_forward`: how many pieces (buckets) held back after a backward they
 updated during the next forward.
 """
 import sys
