@@ -1,16 +1,16 @@
-"""How much of an iteration's gradients the S-Caffe schedule reduces during backward: the budget.
+"""How much of an iteration's gradients the S-Caffe and allreduce schedules send during backward: the budget.
 
 The pieces of gradients that fit in `budget` bytes, taken in backward order (the top layers first), start
 as their layer's backward ends; the rest start when backward is over, lowest layer first, and finish while the next
 iteration's forward runs: conv1's parameters, needed first, then travel ahead of fc6's tail instead
 of behind it, and that tail's reduce, update and broadcast hide behind the next forward's lower layers.
 
-SCAFFE_BACKWARD_BYTES sets the budget; unset, the root measures it each iteration from the reduces
-started during backward: if they had all arrived when backward ended, the wire kept up and the budget
-doubles (nothing is held once it covers every gradient); if not, the wire carried them at the rate
-`bytes / (last arrival - first start)`, and the budget is what that rate carries during the backward.
-The root sends the budget with the stop/snapshot flags' Ibcast, so every rank holds back the same
-pieces and posts its collectives in the same order.
+SCAFFE_BACKWARD_BYTES sets the budget; unset, rank 0 (the S-Caffe schedule's root) measures it each
+iteration from the collectives started during backward: if they had all arrived when backward ended, the
+wire kept up and the budget doubles (nothing is held once it covers every gradient); if not, the wire
+carried them at the rate `bytes / (last arrival - first start)`, and the budget is what that rate carries
+during the backward. Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every
+rank holds back the same pieces and posts its collectives in the same order.
 """
 import time
 
@@ -26,7 +26,7 @@ def backward_bytes():
 
 
 class Budget:
-    """The root's budget of bytes for each backward, set or measured."""
+    """Rank 0's budget of bytes for each backward, set or measured."""
 
     def __init__(self, fixed, holds=True):
         """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back."""
