@@ -10,8 +10,8 @@ bucket's sum is in, every rank updates its pieces (sum / P, then the solver's pe
 those elements alone), so the update of the large layers overlaps the allreduce of the later buckets
 instead of following the last one. The ranks look for arrived buckets after each layer's backward.
 
-Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule): only the pieces that fit in the
-backward's budget of bytes, in backward order, go into buckets during backward; the others are packed
+Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budget of bytes is set for
+the backward (by default none is): only the pieces that fit in it, in backward order, go into buckets during backward; the others are packed
 when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
 updates each of those buckets during the next iteration's forward, before the forward of the lowest
 layer it holds, with the rate and iteration of the iteration whose gradients it holds. Rank 0's budget

@@ -5,13 +5,16 @@ as their layer's backward ends; the rest start when backward is over, lowest lay
 iteration's forward runs: conv1's parameters, needed first, then travel ahead of fc6's tail instead
 of behind it, and that tail's reduce, update and broadcast hide behind the next forward's lower layers.
 
-SCAFFE_BACKWARD_BYTES sets the budget; unset, rank 0 (the S-Caffe schedule's root) measures it each
-iteration from the collectives started during backward: if they had all arrived when backward ended, the
+SCAFFE_BACKWARD_BYTES sets the budget. Unset, there is none: nothing is held back (on the 2-core bed
+of perf/RESULTS.md, where the wire runs at a sixth of its speed while both ranks compute, every budget
+tried made AlexNet's iteration slower or no faster). SCAFFE_BACKWARD_BYTES=measured has rank 0 (the
+S-Caffe schedule's root) measure it each iteration from the collectives started during backward: if they had all arrived when backward ended, the
 wire kept up and the budget doubles (nothing is held once it covers every gradient); if not, the wire
 carried them at the rate `bytes / (last arrival - first start)`, and the budget is what that rate carries
 during the backward. Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every
 rank holds back the same pieces and posts its collectives in the same order.
 """
+import os
 import time
 
 from collectives.settings import positive_int
@@ -21,8 +24,11 @@ GROWTH_FLOOR = 1 << 20  # a budget that kept up grows to at least this many byte
 
 
 def backward_bytes():
-    """SCAFFE_BACKWARD_BYTES: the budget set by the user, None to measure it."""
-    return positive_int("SCAFFE_BACKWARD_BYTES")
+    """SCAFFE_BACKWARD_BYTES: the budget set by the user; None to measure it ("measured"); UNLIMITED unset."""
+    if os.environ.get("SCAFFE_BACKWARD_BYTES", "").strip().lower() == "measured":
+        return None
+    value = positive_int("SCAFFE_BACKWARD_BYTES")
+    return UNLIMITED if value is None else value
 
 
 class Budget:

@@ -11,7 +11,8 @@ Per iteration:
   layers below still reduce: a large layer's reduce, update and propagation overlap each other
   instead of following each other whole. The other ranks post the matching Ibcasts right after
   their Ireduces of layer i. The root looks for arrived sums after each layer's backward.
-- Held pieces (scaffe.parallel.deferral): only the pieces that fit in the backward's budget of bytes,
+- Held pieces (scaffe.parallel.deferral), where a budget of bytes is set for the backward (by default
+  none is): only the pieces that fit in it,
   in backward order, start during backward; the others are copied aside (the next iteration clears
   the diffs) and their reduces start when backward is over, lowest layer first, so conv1's travel
   ahead of fc6's tail. The root updates each of them during the next iteration's forward, at the

@@ -31,3 +31,12 @@ def test_a_set_budget_stays_and_clipping_holds_nothing(monkeypatch):
     assert _iteration(budget, monkeypatch, 0.0, 0.1, 5.0, 100_000, 1_000_000, False) == 100_000
     assert Budget(100_000, holds=False).value == UNLIMITED
     assert Budget(None, holds=False).value == UNLIMITED
+
+
+def test_unset_holds_nothing_and_measured_asks_for_the_measurement(monkeypatch):
+    monkeypatch.delenv("SCAFFE_BACKWARD_BYTES", raising=False)
+    assert deferral.backward_bytes() == UNLIMITED and Budget(deferral.backward_bytes()).value == UNLIMITED
+    monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "Measured")
+    assert deferral.backward_bytes() is None
+    monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "145000000")
+    assert deferral.backward_bytes() == 145_000_000
