@@ -12,6 +12,7 @@ runs it, when it starts running and when it has finished.
 The helper thread works on the GPU of the thread that started it (`current_device`): a new thread has
 no current device, and CUDA would give it GPU 0's context, another rank's GPU on a multi-GPU host.
 """
+import os
 import queue
 import sys
 import threading
@@ -152,6 +153,10 @@ class Request(MPI.Grequest):
             self._raising = False
         if done:
             self._raise_error()
+        else:
+            # A caller polling Test in a loop would hold the GIL the progress thread needs to finish the
+            # work (it gets it only at the interpreter's switch interval, 5 ms): hand it over, and the core.
+            os.sched_yield()
         return done
 
     def _raise_error(self):

@@ -587,7 +587,7 @@ def test_bad_solverstate_is_one_line_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained_lenet(tmp_path_factory):
-    """LeNet (examples/mnist) trained 500 iterations on the bundled 4,000 digits, tested on 1,000."""
+    """LeNet (examples/mnist) trained 300 iterations on the bundled 4,000 digits, tested on 1,000 (0.967)."""
     from scaffe.tools.convert_mnist import ensure_mnist_lmdb
     work = tmp_path_factory.mktemp("lenet")
     train_db, test_db = ensure_mnist_lmdb(work)
@@ -598,8 +598,8 @@ def trained_lenet(tmp_path_factory):
             layer.data_param.source = train_db if layer.include[0].phase == caffe_pb2.TRAIN else test_db
     param.ClearField("net")
     param.net_param.CopyFrom(net)
-    param.max_iter = 500
-    param.test_interval = 500
+    param.max_iter = 300
+    param.test_interval = 300
     param.snapshot = 0
     param.snapshot_prefix = str(work / "lenet")
     param.random_seed = 1
@@ -620,23 +620,23 @@ def trained_lenet(tmp_path_factory):
 def test_lenet_reaches_95_percent_on_mnist(trained_lenet):
     solver, rec, work, _, seconds = trained_lenet
     assert solver.param.test_iter[0] * solver.test_nets[0].batch_size == 1000
-    (iteration, _, scores), = [t for t in rec.tests if t[0] == 500]
-    print(f"LeNet 500 iterations: {seconds:.1f} s, test accuracy {scores['accuracy']:.4f}, "
+    (iteration, _, scores), = [t for t in rec.tests if t[0] == 300]
+    print(f"LeNet 300 iterations: {seconds:.1f} s, test accuracy {scores['accuracy']:.4f}, "
           f"loss {scores['loss']:.4f}")
     assert scores["accuracy"] >= 0.95
     assert rec.losses[-1] < rec.losses[0] / 5
-    assert (work / "lenet_iter_500.caffemodel").exists()
+    assert (work / "lenet_iter_300.caffemodel").exists()
 
 
 def test_saved_caffemodel_gives_the_same_test_accuracy(trained_lenet):
     solver, rec, work, test_db, _ = trained_lenet
-    (_, _, scores), = [t for t in rec.tests if t[0] == 500]
+    (_, _, scores), = [t for t in rec.tests if t[0] == 300]
     net_param = sio.read_net_prototxt(ROOT / "examples" / "mnist" / "lenet_train_test.prototxt")
     for layer in net_param.layer:
         if layer.type == "Data":
             layer.data_param.source = test_db
     net = Net(net_param, "TEST")
-    net.copy_trained_layers_from(work / "lenet_iter_500.caffemodel")
+    net.copy_trained_layers_from(work / "lenet_iter_300.caffemodel")
     acc = []
     for _ in range(10):
         net.forward()
