@@ -23,6 +23,13 @@ def _gradient(x, d, scale, local_decay, l1):
     return g
 
 
+@njit(cache=True, inline="always")
+def _apply(data, diff, i, x, step):
+    """Keep the step in diff and subtract it from data (the kernels' epilogue)."""
+    diff[i] = step
+    data[i] = x - step
+
+
 @njit(cache=True, nogil=True)
 def _sgd(data, diff, one, scale, local_decay, l1, local_rate, momentum, h0, first, last):
     for i in range(first, last):
@@ -30,8 +37,7 @@ def _sgd(data, diff, one, scale, local_decay, l1, local_rate, momentum, h0, firs
         g = _gradient(x, diff[i], scale, local_decay, l1)
         step = momentum * h0[i] + local_rate * g
         h0[i] = step
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 @njit(cache=True, nogil=True)
@@ -43,8 +49,7 @@ def _nesterov(data, diff, one, scale, local_decay, l1, local_rate, momentum, h0,
         h = momentum * previous + local_rate * g
         h0[i] = h
         step = (one + momentum) * h - momentum * previous
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 @njit(cache=True, nogil=True)
@@ -55,8 +60,7 @@ def _adagrad(data, diff, one, scale, local_decay, l1, local_rate, delta, h0, fir
         h = h0[i] + g * g
         h0[i] = h
         step = local_rate * (g / (numpy.sqrt(h) + delta))
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 @njit(cache=True, nogil=True)
@@ -67,8 +71,7 @@ def _rmsprop(data, diff, one, scale, local_decay, l1, local_rate, rms_decay, del
         h = rms_decay * h0[i] + (one - rms_decay) * (g * g)
         h0[i] = h
         step = local_rate * (g / (numpy.sqrt(h) + delta))
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 @njit(cache=True, nogil=True)
@@ -81,8 +84,7 @@ def _adadelta(data, diff, one, scale, local_decay, l1, local_rate, momentum, del
         h0[i] = gh
         h1[i] = momentum * h1[i] + (one - momentum) * (scaled * scaled)
         step = local_rate * scaled
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 @njit(cache=True, nogil=True)
@@ -95,8 +97,7 @@ def _adam(data, diff, one, scale, local_decay, l1, local_rate, beta1, beta2, cor
         h0[i] = m
         h1[i] = v
         step = (local_rate * correction) * (m / (numpy.sqrt(v) + delta))
-        diff[i] = step
-        data[i] = x - step
+        _apply(data, diff, i, x, step)
 
 
 CPU_UPDATES = {"scaffe_sgd_update": _sgd, "scaffe_nesterov_update": _nesterov, "scaffe_adagrad_update": _adagrad,
