@@ -29,7 +29,7 @@ class FlatParams:
         self.history = [xp.zeros(total, self.dtype) for _ in range(history_sets)]
         self.shapes = [blob.shape for blob in blobs]
         self.lr_multipliers, self.decay_multipliers = list(net.params_lr), list(net.params_weight_decay)
-        self._net, self._counts = net, counts
+        self._xp, self._counts = xp, counts
 
     @functools.cached_property
     def lr_mult(self):
@@ -41,7 +41,7 @@ class FlatParams:
         return self._per_element(self.decay_multipliers)
 
     def _per_element(self, multipliers):
-        return self._net.xp.asarray(numpy.repeat(numpy.asarray(multipliers, self.dtype), self._counts))
+        return self._xp.asarray(numpy.repeat(numpy.asarray(multipliers, self.dtype), self._counts))
 
     @staticmethod
     def fits(net):
