@@ -2,8 +2,9 @@
 
 Parameters are broadcast from the root once, at the first iteration, so all ranks start equal and
 stay equal (same summed gradient, same update). During backward, finished gradients are cut into
-pieces (scaffe.parallel.pieces) and packed into the current bucket; a bucket of SCAFFE_PIECE_BYTES or
-more is allreduced at once (nonblocking) while backward goes on. Few large messages beat many small
+pieces of at most SCAFFE_PIECE_BYTES (scaffe.parallel.pieces) and packed into the current bucket; a
+bucket of SCAFFE_MESSAGE_BYTES or more is allreduced at once (nonblocking) while backward goes on, so
+that a small net's top layers travel during the backward of its lower ones. Few large messages beat many small
 ones: each collective pays a latency, and large ones take the shared-memory path; pieces keep a large
 layer from making one bucket that completes only when all of it has crossed the link. As soon as a
 bucket's sum is in, every rank updates its pieces (sum / P, then the solver's per-blob pipeline on
@@ -36,7 +37,7 @@ from mpi4py import MPI
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
 from scaffe.parallel.deferral import UNLIMITED, Budget, backward_bytes
-from scaffe.parallel.pieces import layer_pieces, piece_bytes, updates_by_piece
+from scaffe.parallel.pieces import layer_pieces, message_bytes, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
 
 
@@ -55,7 +56,8 @@ class Bucket:
 class AllreduceSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
-        self.bucket_bytes = piece_bytes()  # also the largest piece of a layer: a large one fills buckets alone
+        self.piece_bytes = piece_bytes()
+        self.bucket_bytes = message_bytes()  # the least a bucket holds before it goes (but the last)
         self._by_piece = updates_by_piece(solver, self.rank)
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
@@ -95,7 +97,7 @@ class AllreduceSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
-        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.bucket_bytes, layer_id)
+        pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes, layer_id)
         for k, piece in enumerate(pieces):
             if self._limit == UNLIMITED or self._sent + piece.diff.nbytes <= self._limit:
                 self._sent += piece.diff.nbytes

@@ -12,8 +12,8 @@ Why 4 MiB: a piece's wire time is what the pipeline adds after the last gradient
 update, the same piece down): 16 ms on the 2.1 Gbit/s link of the AlexNet measurement in
 perf/RESULTS.md, under 2% of its 0.93 s of gradients, while each piece costs a nonblocking
 collective's few hundred microseconds of Python on the training and progress threads (AlexNet's fc6
-becomes 36 pieces). It is also the allreduce schedule's bucket size. Why 1 MiB for the least message:
-below it those few hundred microseconds are more than its time on a 2 Gbit/s link.
+becomes 36 pieces). Why 1 MiB for the least message (the allreduce schedule's least bucket too): below
+it those few hundred microseconds are more than its time on a 2 Gbit/s link.
 """
 from collectives.settings import positive_int
 from scaffe.log import get_logger
