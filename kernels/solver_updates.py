@@ -2,12 +2,13 @@
 (kernels/cuda_sources.py), keyed by the same names, used by scaffe.solvers.fused.
 
 Each makes one pass over a run of elements of a single learnable blob where the per-blob pipeline of
-scaffe.solvers.sgd makes five or six over the whole blob, with a temporary array for most of them: on
-AlexNet's 61 M parameters that is the difference between a memory-bound pass and a quarter of a second.
+scaffe.solvers.sgd makes five or six over the whole blob, with a temporary array for most of them
+(the time it saves: perf/RESULTS.md, "CPU solver steps as one pass per blob").
 The arithmetic is the CUDA kernels', in their order and in the blob's type T: every scalar arrives as a
 T (`one` too: an integer literal would promote float32 arithmetic to float64), numba does not contract
 a * b + c into a fused multiply-add without fastmath, and numpy.sqrt and / round as IEEE says, so a step
-equals the per-blob pipeline's bit for bit (tests/scaffe/test_solvers.py). The blob's lr_mult and
+equals the per-blob pipeline's bit for bit (tests/scaffe/test_gpu_training.py,
+test_cpu_fused_step_equals_the_per_blob_pipeline). The blob's lr_mult and
 decay_mult come folded into `local_rate` and `local_decay`, computed by the caller once per blob.
 """
 import numpy

@@ -4,16 +4,16 @@ Parameters are broadcast from the root once, at the first iteration, so all rank
 stay equal (same summed gradient, same update). During backward, finished gradients are cut into
 pieces of at most SCAFFE_PIECE_BYTES (scaffe.parallel.pieces) and packed into the current bucket; a
 bucket of SCAFFE_MESSAGE_BYTES or more is allreduced at once (nonblocking) while backward goes on, so
-that a small net's top layers travel during the backward of its lower ones. Few large messages beat many small
-ones: each collective pays a latency, and large ones take the shared-memory path; pieces keep a large
+that a small net's top layers travel during the backward of its lower ones. Few large messages beat
+many small ones: each collective pays a latency, and large ones take the shared-memory path; pieces keep a large
 layer from making one bucket that completes only when all of it has crossed the link. As soon as a
 bucket's sum is in, every rank updates its pieces (sum / P, then the solver's per-blob pipeline on
 those elements alone), so the update of the large layers overlaps the allreduce of the later buckets
 instead of following the last one. The ranks look for arrived buckets after each layer's backward.
 
 Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budget of bytes is set for
-the backward (by default none is): only the pieces that fit in it, in backward order, go into buckets during backward; the others are packed
-when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
+the backward (by default none is): only the pieces that fit in it, in backward order, go into buckets
+during backward; the others are packed when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
 updates each of those buckets during the next iteration's forward, before the forward of the lowest
 layer it holds, with the rate and iteration of the iteration whose gradients it holds. Rank 0's budget
 reaches the others in the last bucket (each rank adds 0), so all hold back the same pieces. Before
@@ -196,12 +196,11 @@ class AllreduceSchedule(Schedule):
         bucket's with its own iteration's rate, its pieces' gradients cleared after: the next backward adds
         to them)."""
         scale = numpy.float32(1.0 / self.size)
-        rate, iteration = bucket.step if bucket.step is not None else (None, None)
+        rate, iteration = bucket.step if bucket.step is not None else (self.solver.get_learning_rate(), None)
         with timeline.updating():
             for piece, start, stop in bucket.layout:
                 self.xp.multiply(bucket.flat[start:stop], scale, out=piece.diff)
                 if self._by_piece:
-                    self.solver.update_elements(piece.segments, rate if rate is not None
-                                                else self.solver.get_learning_rate(), iteration=iteration)
+                    self.solver.update_elements(piece.segments, rate, iteration=iteration)
                 if bucket.step is not None:
                     piece.diff.fill(0)

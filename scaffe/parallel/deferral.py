@@ -5,11 +5,11 @@ as their layer's backward ends; the rest start when backward is over, lowest lay
 iteration's forward runs: conv1's parameters, needed first, then travel ahead of fc6's tail instead
 of behind it, and that tail's reduce, update and broadcast hide behind the next forward's lower layers.
 
-SCAFFE_BACKWARD_BYTES sets the budget. Unset, there is none: nothing is held back (on the 2-core bed
-of perf/RESULTS.md, where the wire runs at a sixth of its speed while both ranks compute, every budget
-tried made AlexNet's iteration slower or no faster). SCAFFE_BACKWARD_BYTES=measured has rank 0 (the
-S-Caffe schedule's root) measure it each iteration from the collectives started during backward: if they had all arrived when backward ended, the
-wire kept up and the budget doubles (nothing is held once it covers every gradient); if not, the wire
+SCAFFE_BACKWARD_BYTES sets the budget. Unset, there is none: nothing is held back (on the bed no budget
+made AlexNet's iteration faster: perf/RESULTS.md, "Held buckets for the allreduce schedule, and the
+budget's default"). SCAFFE_BACKWARD_BYTES=measured has rank 0 (the S-Caffe schedule's root) measure it
+each iteration from the collectives started during backward: if they had all arrived when backward
+ended, the wire kept up and the budget doubles (nothing is held once it covers every gradient); if not, the wire
 carried them at the rate `bytes / (last arrival - first start)`, and the budget is what that rate carries
 during the backward. Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every
 rank holds back the same pieces and posts its collectives in the same order.

@@ -26,12 +26,12 @@ def fused_step(kernel, flat, segments, rate, grad_scale, weight_decay, l1, scala
 def _cpu_step(update, flat, segments, rate, grad_scale, weight_decay, l1, scalars):
     """The GPU kernel's arithmetic: its float arguments rounded to float32, then to the blobs' type T."""
     cast = flat.dtype.type
-    as_kernel_float = lambda value: cast(numpy.float32(value))  # noqa: E731
-    own = tuple(as_kernel_float(value) for value in scalars)
+    rate, grad_scale, weight_decay, *own = (cast(numpy.float32(value))
+                                            for value in (rate, grad_scale, weight_decay, *scalars))
     for param_id, start, stop in segments:
-        local_decay = as_kernel_float(weight_decay) * cast(flat.decay_multipliers[param_id])
-        local_rate = as_kernel_float(rate) * cast(flat.lr_multipliers[param_id])
+        local_decay = weight_decay * cast(flat.decay_multipliers[param_id])
+        local_rate = rate * cast(flat.lr_multipliers[param_id])
         part = slice(flat.bounds[param_id] + start, flat.bounds[param_id] + stop)
-        args = (flat.data[part], flat.diff[part], cast(1), as_kernel_float(grad_scale), local_decay, bool(l1),
+        args = (flat.data[part], flat.diff[part], cast(1), grad_scale, local_decay, bool(l1),
                 local_rate, *own, *[h[part] for h in flat.history])
         run_split(update, args, stop - start, stop - start)
