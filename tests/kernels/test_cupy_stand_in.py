@@ -161,3 +161,51 @@ def test_out_of_range_gather_indices_wrap_around_as_in_cupy(cupy_stand_in):
     a = cp.arange(6, dtype=cp.float32).reshape(2, 3)
     picked = cp.take_along_axis(a, cp.asarray(numpy.array([[4], [-1]])), axis=1)
     numpy.testing.assert_array_equal(picked.get(), [[1], [5]])
+
+
+def test_a_capture_computes_nothing_and_its_graph_replays_on_new_inputs(cupy_stand_in):
+    cp = cupy_stand_in
+    x = cp.arange(4, dtype=cp.float32)
+    y = cp.zeros(4, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    pool = cp.cuda.MemoryPool()
+    with stream, cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        assert stream.is_capturing()
+        doubled = x * 2  # allocated during the capture: holds garbage until the graph runs
+        cp.add(doubled, 1, out=y)
+        total = y.sum()
+        graph = stream.end_capture()
+    assert not y.get().any() and numpy.isnan(doubled.get()).all()  # nothing ran
+    x[...] = 10
+    launches = cp._stand_in.counters["launches"]
+    graph.launch(stream)
+    assert cp._stand_in.counters["launches"] == launches + 1 and cp._stand_in.counters["graph_launches"] == 1
+    numpy.testing.assert_array_equal(y.get(), numpy.full(4, 21, numpy.float32))
+    assert float(total) == 84.0
+    with pytest.raises(RuntimeError, match="cannot capture on the default"):
+        cp.cuda.Stream.null.begin_capture()
+
+
+def test_a_capture_refuses_what_cuda_and_cupy_refuse(cupy_stand_in):
+    cp = cupy_stand_in
+    a = cp.ones((2, 2), dtype=cp.float32)
+    out = cp.zeros((2, 2), dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    event = cp.cuda.Event()
+    event.record(stream)
+    refused = {
+        "host sync": (lambda: a.get(), "cudaErrorStreamCaptureUnsupported"),
+        "stream sync": (lambda: stream.synchronize(), "cudaErrorStreamCaptureUnsupported"),
+        "pageable upload": (lambda: cp.asarray(numpy.ones(2)), "cudaErrorStreamCaptureUnsupported"),
+        "cuBLAS": (lambda: cp.cublas.gemm("N", "N", a, a, out=out), "cuBLAS API during stream capture"),
+        "matmul": (lambda: a @ a, "cuBLAS API during stream capture"),
+        "shared pool": (lambda: a + 1, "shared pool"),
+        "outside event": (lambda: stream.wait_event(event), "cudaErrorStreamCaptureIsolation"),
+    }
+    for name, (work, message) in refused.items():
+        with stream:
+            stream.begin_capture()
+            with pytest.raises(Exception, match=message):
+                work()
+            stream.end_capture()

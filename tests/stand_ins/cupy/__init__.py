@@ -54,10 +54,11 @@ del _name
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0):
     """A new device array from host data (an upload) or from a device array (a device copy)."""
     if isinstance(obj, ndarray):
-        _stand_in.launch()
-        return _wrap(numpy.array(obj._array, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
+        source = obj._array
+        return _wrap(_stand_in.run(lambda: numpy.array(source, dtype=dtype, copy=copy, order=order, ndmin=ndmin)))
     if isinstance(obj, (list, tuple)) and _builtins.any(isinstance(o, ndarray) for o in obj):  # stacked on the device
-        return _wrap(numpy.array(_unwrap_nested(obj), dtype=dtype, order=order, ndmin=ndmin))
+        parts = _unwrap_nested(obj)
+        return _wrap(_stand_in.view(lambda: numpy.array(parts, dtype=dtype, order=order, ndmin=ndmin)))
     host = numpy.array(obj, dtype=dtype, order=order, ndmin=ndmin)
     device = _wrap(numpy.empty(host.shape, dtype=host.dtype, order="C" if order in ("K", "A") else order))
     _stand_in.host_to_device(device._array, host)
@@ -77,7 +78,8 @@ def ascontiguousarray(a, dtype=None):
     if not isinstance(a, ndarray):
         raise TypeError(f"Argument 'a' has incorrect type (expected cupy._core.core._ndarray_base, got "
                         f"{type(a).__name__})")
-    return _wrap(numpy.ascontiguousarray(a._array, dtype=dtype))
+    source = a._array
+    return _wrap(_stand_in.view(lambda: numpy.ascontiguousarray(source, dtype=dtype)))
 
 
 def asnumpy(a, stream=None, order="C", out=None, blocking=True):
@@ -106,16 +108,16 @@ def isscalar(element):
 
 def take_along_axis(a, indices, axis):
     """cupy wraps out-of-range indices around instead of raising (its fancy indexing does)."""
-    wrapped = _wrap_indices(a, indices, axis)
-    return _wrap(numpy.take_along_axis(a._array, wrapped, axis=axis))
+    _check_along_axis(a, indices)
+    return _wrap(_stand_in.view(lambda: numpy.take_along_axis(a._array, indices._array % a.shape[axis], axis=axis)))
 
 
 def put_along_axis(a, indices, values, axis):
-    wrapped = _wrap_indices(a, indices, axis)
-    numpy.put_along_axis(a._array, wrapped, _unwrap_nested(values), axis=axis)
+    _check_along_axis(a, indices)
+    source = _unwrap_nested(values)
+    _stand_in.run(lambda: numpy.put_along_axis(a._array, indices._array % a.shape[axis], source, axis=axis))
 
 
-def _wrap_indices(a, indices, axis):
+def _check_along_axis(a, indices):
     if not isinstance(a, ndarray) or not isinstance(indices, ndarray):
         raise TypeError(f"Unsupported type {type(a if not isinstance(a, ndarray) else indices)}")
-    return indices._array % a.shape[axis]

@@ -18,6 +18,15 @@ _SCALAR_TYPES = (bool, int, float, complex, numpy.generic)
 # What makes views, not kernels: no launch is counted for these.
 _VIEWS = frozenset(("broadcast_to", "diagonal", "expand_dims", "moveaxis", "ravel", "reshape", "split", "squeeze",
                     "swapaxes", "transpose", "view"))
+# What cupy computes through cuBLAS, which cupy refuses to call on a capturing stream.
+_CUBLAS = frozenset(("dot", "einsum", "matmul", "tensordot"))
+CUBLAS_CAPTURE_ERROR = "calling cuBLAS API during stream capture is currently unsupported"
+
+
+def refuse_cublas_under_capture():
+    """cupy's cublas.setStream raises this on a capturing stream, before every cuBLAS call."""
+    if _stand_in.capturing() is not None:
+        raise NotImplementedError(CUBLAS_CAPTURE_ERROR)
 
 
 def _unsupported(value):
@@ -59,12 +68,17 @@ def wrap(result):
 def device_routine(numpy_function, name=None):
     """A cupy routine computed by `numpy_function` on the arrays' storage."""
     launches = (name or numpy_function.__name__) not in _VIEWS
+    cublas = (name or numpy_function.__name__) in _CUBLAS
 
     def routine(*args, **kwargs):
-        if launches:
-            _stand_in.launch()
-        return wrap(numpy_function(*[unwrap_nested(a) for a in args],
-                                   **{k: unwrap_nested(v) for k, v in kwargs.items()}))
+        if cublas:
+            refuse_cublas_under_capture()
+        operands = [unwrap_nested(a) for a in args]
+        keywords = {k: unwrap_nested(v) for k, v in kwargs.items()}
+
+        def compute():
+            return numpy_function(*operands, **keywords)
+        return wrap(_stand_in.run(compute) if launches else _stand_in.view(compute))
     routine.__name__ = name or numpy_function.__name__
     routine.__qualname__ = routine.__name__
     routine.__module__ = "cupy"
@@ -91,29 +105,28 @@ class ufunc:
         self.nout = numpy_ufunc.nout
 
     def __call__(self, *args, out=None, dtype=None, casting="same_kind"):
-        _stand_in.launch()
         operands = [to_host_operand(a) for a in args]
         kwargs = {"casting": casting}
         if dtype is not None:
             kwargs["dtype"] = dtype
         if out is not None:
             kwargs["out"] = _out_operand(out)
-            self._ufunc(*operands, **kwargs)
-            return out
-        return wrap(self._ufunc(*operands, **kwargs))
+        result = _stand_in.run(lambda: self._ufunc(*operands, **kwargs))
+        return out if out is not None else wrap(result)
 
     def at(self, a, indices, b=None):
         if not isinstance(a, ndarray):
             raise _unsupported(a)
         args = () if b is None else (to_host_operand(b),)
-        _stand_in.launch()
-        self._ufunc.at(a._array, _index(indices), *args)
+        index = _index(indices)
+        _stand_in.run(lambda: self._ufunc.at(a._array, index, *args))
 
     def reduce(self, a, axis=0, dtype=None, out=None, keepdims=False):
         if not isinstance(a, ndarray):
             raise _unsupported(a)
-        _stand_in.launch()
-        result = self._ufunc.reduce(a._array, axis=axis, dtype=dtype, out=_out_operand(out), keepdims=keepdims)
+        target = _out_operand(out)
+        result = _stand_in.run(lambda: self._ufunc.reduce(a._array, axis=axis, dtype=dtype, out=target,
+                                                          keepdims=keepdims))
         return out if out is not None else wrap(result)
 
     def __repr__(self):
@@ -155,10 +168,15 @@ def _device_method(name):
     launches = name not in _VIEWS
 
     def method(self, *args, **kwargs):
-        if launches:
-            _stand_in.launch()
-        return wrap(getattr(self._array, name)(*[unwrap_nested(a) for a in args],
-                                               **{k: unwrap_nested(v) for k, v in kwargs.items()}))
+        if name in _CUBLAS:
+            refuse_cublas_under_capture()
+        function = getattr(self._array, name)
+        operands = [unwrap_nested(a) for a in args]
+        keywords = {k: unwrap_nested(v) for k, v in kwargs.items()}
+
+        def compute():
+            return function(*operands, **keywords)
+        return wrap(_stand_in.run(compute) if launches else _stand_in.view(compute))
     method.__name__ = name
     return method
 
@@ -181,10 +199,11 @@ def _binary(numpy_name, reflected=False):
             # cupy answers NotImplemented to a foreign operand; numpy's side then calls
             # __array_ufunc__ below, which refuses numpy arrays.
             return NotImplemented
-        _stand_in.launch()
+        if numpy_name == "matmul":
+            refuse_cublas_under_capture()
         if reflected:
-            return wrap(numpy_ufunc(operand, self._array))
-        return wrap(numpy_ufunc(self._array, operand))
+            return wrap(_stand_in.run(lambda: numpy_ufunc(operand, self._array)))
+        return wrap(_stand_in.run(lambda: numpy_ufunc(self._array, operand)))
     return method
 
 
@@ -192,8 +211,8 @@ def _inplace(numpy_name):
     numpy_ufunc = getattr(numpy, numpy_name)
 
     def method(self, other):
-        _stand_in.launch()
-        numpy_ufunc(self._array, to_host_operand(other), out=self._array)
+        operand = to_host_operand(other)
+        _stand_in.run(lambda: numpy_ufunc(self._array, operand, out=self._array))
         return self
     return method
 
@@ -207,12 +226,13 @@ class ndarray:
         if memptr is not None or strides is not None:
             raise NotImplementedError("the cupy stand-in has no raw device memory (memptr/strides)")
         self._array = numpy.empty(shape, dtype=dtype, order=order)
+        _stand_in.track(self)
 
     @classmethod
     def _from_host_storage(cls, array):
         self = cls.__new__(cls)
         self._array = array
-        return self
+        return _stand_in.track(self)
 
     # ---- the wall between host and device
     def __array__(self, dtype=None, copy=None):
@@ -335,16 +355,16 @@ class ndarray:
     del _name
 
     def fill(self, value):
-        _stand_in.launch()
         if isinstance(value, ndarray):
             if value.shape != ():
                 raise ValueError("non-scalar cupy.ndarray cannot be used for fill")
-            self._array.fill(value._array[()])
+            source = value._array
+            _stand_in.run(lambda: self._array.fill(source[()]))
             return
         value = numpy.asarray(value, dtype=self.dtype)
         if value.shape != ():
             raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-        self._array.fill(value[()])
+        _stand_in.run(lambda: self._array.fill(value[()]))
 
     # ---- containers and indexing
     def __len__(self):
@@ -359,26 +379,30 @@ class ndarray:
 
     def __getitem__(self, key):
         index = _index(key)
-        if _is_advanced(index):
-            _stand_in.launch()  # a gather kernel; basic indexing makes a view
+        if _is_advanced(index):  # a gather kernel; basic indexing makes a view
+            return wrap(_stand_in.run(lambda: self._array[index]))
         return wrap(self._array[index])
 
     def __setitem__(self, key, value):
-        _stand_in.launch()
         index = _index(key)
         if isinstance(value, ndarray):
-            self._array[index] = value._array
+            source = value._array
         elif _is_advanced(index):
             # cupy uploads host values for integer-array and mask indexing (core.array(value))
             if isinstance(value, numpy.ndarray):
                 _stand_in.count("host_to_device")
-            self._array[index] = value
+                value = value.copy()
+            source = value
         else:
             # for basic indexing cupy stores a host value through fill(), which takes only scalars
             value = numpy.asarray(value, dtype=self.dtype)
             if value.shape != ():
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
-            self._array[index] = value[()]
+            source = value[()]
+
+        def store():
+            self._array[index] = source
+        _stand_in.run(store)
 
     # ---- operators
     __add__, __radd__, __iadd__ = _binary("add"), _binary("add", True), _inplace("add")
@@ -400,20 +424,16 @@ class ndarray:
     __hash__ = None
 
     def __neg__(self):
-        _stand_in.launch()
-        return wrap(-self._array)
+        return wrap(_stand_in.run(lambda: -self._array))
 
     def __pos__(self):
-        _stand_in.launch()
-        return wrap(+self._array)
+        return wrap(_stand_in.run(lambda: +self._array))
 
     def __abs__(self):
-        _stand_in.launch()
-        return wrap(abs(self._array))
+        return wrap(_stand_in.run(lambda: abs(self._array)))
 
     def __invert__(self):
-        _stand_in.launch()
-        return wrap(~self._array)
+        return wrap(_stand_in.run(lambda: ~self._array))
 
     def __copy__(self):
         return self.copy()

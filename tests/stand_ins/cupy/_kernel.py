@@ -38,7 +38,6 @@ class ElementwiseKernel:
     def __call__(self, *args, size=None, block_size=None):
         from cupy import _stand_in, _twins
         _stand_in.count(f"launch:{self.name}")
-        _stand_in.launch()
         twin = _twins.TWINS.get(self.name)
         if twin is None:
             raise NotImplementedError(f"cupy stand-in: no numpy twin for ElementwiseKernel {self.name!r}; "
@@ -51,8 +50,11 @@ class ElementwiseKernel:
         for param, value in zip(params, args):
             bound[param[2]] = self._bind(param, value, type_of)
         count = self._loop_size(params, args, size)
-        for first in range(0, count, _BLOCK):  # in blocks, so the twins' index arrays stay small
-            twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
+
+        def compute():
+            for first in range(0, count, _BLOCK):  # in blocks, so the twins' index arrays stay small
+                twin(numpy.arange(first, min(first + _BLOCK, count), dtype=numpy.int64), **bound)
+        _stand_in.run(compute)
         outputs = args[len(self.in_params):]
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
@@ -109,7 +111,6 @@ class RawKernel:
         if twin is None or self.parameters[-1] != ("long long", "total"):
             raise NotImplementedError(f"cupy stand-in: no numpy twin for RawKernel {self.name!r}")
         _stand_in.count(f"launch:{base}")
-        _stand_in.launch()
         if len(args) != len(self.parameters):
             raise TypeError(f"{self.name}: expected {len(self.parameters)} arguments, got {len(args)}")
         bound = {}
@@ -123,4 +124,4 @@ class RawKernel:
             else:
                 bound[name] = value
         total = int(bound.pop("total"))
-        twin(numpy.arange(total, dtype=numpy.int64), **bound)
+        _stand_in.run(lambda: twin(numpy.arange(total, dtype=numpy.int64), **bound))

@@ -3,7 +3,7 @@ out = alpha * op(a) @ op(b) + beta * out (a GEMV: op(a) @ x), with cupy's argume
 import numpy
 
 from cupy import _stand_in
-from cupy._core import ndarray
+from cupy._core import ndarray, refuse_cublas_under_capture
 
 _OPS = {"N": False, "T": True, 0: False, 1: True}
 
@@ -26,6 +26,7 @@ def _combine(product, out, alpha, beta):
 def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
         raise AssertionError("cupy.cublas.gemm takes two 2-D arrays of one dtype")
+    refuse_cublas_under_capture()
     _stand_in.launch()
     product = numpy.matmul(_operand(a, transa, "a"), _operand(b, transb, "b"))
     if out is None:
@@ -38,6 +39,7 @@ def gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
 def gemv(transa, alpha, a, x, beta, y):
     if a.ndim != 2 or x.ndim != 1 or y.ndim != 1 or not a.dtype == x.dtype == y.dtype:
         raise AssertionError("cupy.cublas.gemv takes a 2-D array and two vectors of one dtype")
+    refuse_cublas_under_capture()
     _stand_in.launch()
     product = numpy.matmul(_operand(a, transa, "a"), _operand(x, "N", "x"))
     if y.shape != product.shape:

@@ -7,9 +7,15 @@ the legacy default stream covers everything queued on blocking streams). Uploads
 non-default stream are queued on that stream and run only when something orders them (Stream/Event/Device
 synchronize, or a stream waiting on an event recorded after them), so a missing wait or a host buffer
 refilled too early shows as wrong data. Synchronisations are counted in `cupy._stand_in.counters`.
+
+Stream capture makes a `Graph` of the kernels queued while it lasts (see cupy._stand_in for what a capture
+refuses and undoes); `using_allocator` and `MemoryPool` say where a capture's arrays come from.
 """
+import contextlib
 import collections
 import threading
+
+import numpy
 import time
 import weakref
 
@@ -69,7 +75,10 @@ class Event:
         self.time = None  # the host's perf_counter when the work before it had run (the device clock)
 
     def record(self, stream=None):
-        self._stream = get_current_stream() if stream is None else stream
+        stream = get_current_stream() if stream is None else stream
+        if stream._capture is not None:
+            raise NotImplementedError("cupy stand-in: events recorded during stream capture are not modelled")
+        self._stream = stream
         self._position = self._stream._queued
         self.time = None
         self._stream._time_when_done(self)
@@ -109,6 +118,7 @@ class Stream:
         self._queued = self._done = 0  # positions: every launch and copy takes one
         self._after = weakref.WeakKeyDictionary()  # stream -> the position of it this one waited for
         self._timed = []  # events recorded behind queued work, timed when it runs
+        self._capture = None  # the _Capture under way, if any
         _streams.add(self)
 
     def _enqueue(self, work):
@@ -160,6 +170,9 @@ class Stream:
         event's stream is run up to it now."""
         if not isinstance(event, Event):
             raise TypeError(f"wait_event takes a cupy.cuda.Event, not {type(event)}")
+        if self._capture is not None:
+            raise CUDARuntimeError("cudaErrorStreamCaptureIsolation: a capturing stream waited on an event "
+                                   "recorded outside the capture")
         event._complete()
         if event._stream is not None and event._stream is not self:
             self._after[event._stream] = max(self._after.get(event._stream, 0), event._position)
@@ -167,6 +180,23 @@ class Stream:
     @property
     def done(self):
         return self._done >= self._queued
+
+    # ---- stream capture
+    def begin_capture(self, mode=None):
+        if self.is_null:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if self._capture is not None:
+            raise CUDARuntimeError("cudaErrorIllegalState: the stream is capturing already")
+        self._capture = _Capture()
+
+    def end_capture(self):
+        if self._capture is None:
+            raise CUDARuntimeError("cudaErrorIllegalState: the stream is not capturing")
+        capture, self._capture = self._capture, None
+        return capture.end()
+
+    def is_capturing(self):
+        return self._capture is not None
 
     def __enter__(self):
         self._previous = get_current_stream()
@@ -184,6 +214,81 @@ class Stream:
 
 
 Stream.null = Stream(null=True)
+
+
+class _Capture:
+    """The work of one capture: (compute, the storage it wrote) pairs, and device memory as it was before."""
+
+    def __init__(self):
+        self.work = []
+        self.saved = {key: (root, root.copy()) for key, root in _stand_in.live_roots().items()}
+
+    def _fresh(self, result):
+        return isinstance(result, numpy.ndarray) and id(_stand_in.storage_root(result)) not in self.saved
+
+    def record(self, compute, result):
+        if isinstance(result, numpy.generic):  # a reduction's scalar: the 0-d device array cupy would give
+            result = numpy.asarray(result)
+        for part in result if isinstance(result, tuple) else (result,):
+            if self._fresh(part) and _stand_in.shared_pool():
+                raise RuntimeError("cupy stand-in: an array was allocated during stream capture from cupy's shared "
+                                   "pool, which hands it out again after the capture while the graph still writes "
+                                   "it; allocate from a pool of the graph's own (cupy.cuda.using_allocator)")
+        self.work.append((compute, result))
+        return result
+
+    def end(self):
+        """Device memory back as before the capture; memory allocated during it holds garbage."""
+        for root, before in self.saved.values():
+            root[...] = before
+        for key, root in _stand_in.live_roots().items():
+            if key not in self.saved and root.size:
+                if root.dtype.kind in "fc":
+                    root[...] = numpy.nan
+                else:
+                    root.view(numpy.uint8).reshape(-1)[...] = 0xA5
+        return Graph(self.work)
+
+
+class Graph:
+    """A captured CUDA graph: `launch` runs its kernels again, in order, on `stream` (one launch)."""
+
+    def __init__(self, work):
+        self._work = work
+
+    def upload(self, stream=None):
+        pass
+
+    def launch(self, stream=None):
+        stream = get_current_stream() if stream is None else stream
+        if stream._capture is not None:
+            raise NotImplementedError("cupy stand-in: graph launches during stream capture are not modelled")
+        _stand_in.counters["graph_launches"] += 1
+        with stream:
+            _stand_in.launch()
+        for compute, saved in self._work:
+            value = compute()
+            for target, part in zip(saved, value) if isinstance(saved, tuple) else ((saved, value),):
+                if isinstance(target, numpy.ndarray) and part is not target:
+                    target[...] = part
+
+
+class MemoryPool:
+    """cupy's device memory pool; the stand-in's arrays are numpy's, so only its identity matters."""
+
+    def malloc(self, size):
+        raise NotImplementedError("cupy stand-in: no raw device memory")
+
+
+@contextlib.contextmanager
+def using_allocator(allocator=None):
+    """Arrays made in this thread inside the block come from `allocator` (cupy.cuda.using_allocator)."""
+    previous = getattr(_stand_in._local, "allocator", None)
+    _stand_in._local.allocator = allocator
+    try:
+        yield
+    finally:
+        _stand_in._local.allocator = previous
 
 
 def get_current_stream(device_id=-1):

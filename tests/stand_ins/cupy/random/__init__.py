@@ -2,10 +2,13 @@
 device (numpy's generators compute the values; device arrays come back, never host arrays)."""
 import numpy
 
+from cupy import _stand_in
 from cupy._core import wrap
 
 
 def _device(values, dtype):
+    if _stand_in.capturing() is not None:  # a graph would replay the same draw: refused rather than modelled
+        raise NotImplementedError("cupy stand-in: random draws during stream capture are not modelled")
     return wrap(numpy.asarray(values, dtype=dtype))
 
 
