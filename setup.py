@@ -23,11 +23,12 @@ setup(
                  "nvidia-cuda-nvcc-cu12==12.*"],
         # A working stack on a machine with only the NVIDIA driver: cupy with the toolkit's libraries
         # (NVRTC, cuBLAS, ...) from its `ctk` extra, numba-cuda with NVVM from its own extra, and cuDNN
-        # (NVIDIA's Python frontend and the runtime library) for convolution (kernels/cudnn_conv.py).
+        # (NVIDIA's Python frontend and the runtime library) for convolution (kernels/cudnn_conv.py);
+        # nvmath-python's cuBLAS bindings for the GEMMs of iterations captured into CUDA graphs (kernels/blas.py).
         "cuda12": ["cupy-cuda12x[ctk]", "numba-cuda[cu12]>=0.30", "nvidia-cudnn-frontend>=1.32",
-                   "nvidia-cudnn-cu12>=9"],
+                   "nvidia-cudnn-cu12>=9", "nvmath-python>=1.0"],
         "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30", "nvidia-cudnn-frontend>=1.32",
-                   "nvidia-cudnn-cu13>=9"],
+                   "nvidia-cudnn-cu13>=9", "nvmath-python>=1.0"],
         "plot": ["matplotlib"],
         # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
         "draw": ["pydot"],

@@ -303,10 +303,23 @@ _UPDATE_EPILOGUE = """
         data[i] = x - step;"""
 
 
+_UPDATE_FROM_DEVICE = "T* data, T* diff, const T* lr_mult, const T* decay_mult, const float* scalars, int l1"
+
+
+def from_device(base):
+    """The twin of update kernel `base` that reads its float scalars (rate, grad_scale, weight_decay, then the
+    solver's own) from a device array, so that a captured CUDA graph takes each iteration's values."""
+    return base + "_from_device"
+
+
 def _register_update(base, scalars, histories, body):
     params = (_UPDATE + "".join(f", float {scalar}" for scalar in scalars)
               + "".join(f", T* {history}" for history in histories))
     register_elementwise(base, params, _UPDATE_PROLOGUE + body + _UPDATE_EPILOGUE, options=_IEEE_ROUNDING)
+    names = ("rate", "grad_scale", "weight_decay") + tuple(scalars)
+    reads = "".join(f"\n        const float {name} = scalars[{k}];" for k, name in enumerate(names))
+    register_elementwise(from_device(base), _UPDATE_FROM_DEVICE + "".join(f", T* {h}" for h in histories),
+                         reads + _UPDATE_PROLOGUE + body + _UPDATE_EPILOGUE, options=_IEEE_ROUNDING)
 
 
 _register_update("scaffe_sgd_update", ("momentum",), ("h0",), """

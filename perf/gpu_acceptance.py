@@ -1,7 +1,8 @@
 """The Python parts of jobs/gpu_acceptance.sh: device bounds, scaffe's GPU ms/iter, and the verdict table.
 
     python -m perf.gpu_acceptance bounds                  # fused 4-input kernels and device copies
-    python -m perf.gpu_acceptance scaffe-time [--net N]   # ms per SGD iteration of scaffe on the GPU
+    python -m perf.gpu_acceptance scaffe-time [--net N]   # ms per SGD iteration of scaffe on the GPU,
+                                                          # replayed from CUDA graphs and eager
     python -m perf.gpu_acceptance cifar-digits DIR        # cifar10_quick's solver on the bundled digits
     python -m perf.gpu_acceptance verdict LOGDIR          # the acceptance lines against the logs
 
@@ -26,7 +27,9 @@ LARGEST = 256 * MIB
 KERNEL_SIZES = (64 * MIB, 256 * MIB)  # the Reduce lines' sizes
 ALLREDUCE_SIZES = (16 * MIB, 32 * MIB, 64 * MIB, 128 * MIB, 256 * MIB)  # "from 16 MiB up"
 BCAST_SIZE = 64 * MIB
-TRAIN_RUNS = {"lenet": [(1, "scaffe")] + [(ranks, schedule) for ranks in (2, 4) for schedule in ("scaffe", "allreduce")],
+# (ranks, schedule); "eager": one rank with SCAFFE_CAPTURE=0, every iteration launched from Python.
+TRAIN_RUNS = {"lenet": [(1, "scaffe"), (1, "eager")] + [(ranks, schedule) for ranks in (2, 4)
+                                                        for schedule in ("scaffe", "allreduce")],
               "cifar10_quick": [(1, "scaffe"), (2, "scaffe"), (4, "scaffe")]}
 TIMED_NETS = ("lenet", "cifar10_quick", "alexnet", "googlenet")  # issue 25: b64, b100, b128, b32
 # Issue 22's acceptance lines.
@@ -108,8 +111,12 @@ def _gpu_solver(net, batch):
     return solver
 
 
-def scaffe_ms_per_iter(net, batch, iterations, warmup):
+def scaffe_ms_per_iter(net, batch, iterations, warmup, capture=True):
+    """ms per iteration after `warmup` (replayed from CUDA graphs from the fourth on, unless not `capture`)."""
+    import os
+
     import cupy
+    os.environ["SCAFFE_CAPTURE"] = "1" if capture else "0"
     solver = _gpu_solver(net, batch)
     solver.step(warmup)
     cupy.cuda.Device().synchronize()
@@ -340,6 +347,10 @@ def _timing_rows(verdict):
                     f"<= {MAX_SLOWDOWN_VS_TORCH}x" if net != "googlenet" else "both timed",
                     slowdown is not None and (net == "googlenet" or slowdown <= MAX_SLOWDOWN_VS_TORCH),
                     ["time_scaffe", "time_torch"] if net in SPECS else [])
+        eager = verdict.measured.get(("scaffe_eager_ms_per_iter", net))
+        gain = eager / ours if ours and eager else None
+        verdict.row(f"{net} ms/iter: CUDA graphs {ours or '-'} / eager {eager or '-'}", gain and f"{gain:.2f}x faster",
+                    "not slower", gain is not None and gain >= 0.98, ["time_scaffe"] if net in SPECS else [])
 
 
 def verdict_rows(logs):
@@ -386,8 +397,9 @@ def main(argv=None):
     elif args.command == "scaffe-time":
         from perf.torch_twins import SPECS
         for net in [n for n in TIMED_NETS if n in SPECS] if args.net == "all" else [args.net]:
-            ms = scaffe_ms_per_iter(net, SPECS[net][0], args.iterations, args.warmup)
-            print(f"RESULT scaffe_ms_per_iter {net} {ms:.3f}", flush=True)
+            for capture, key in ((True, "scaffe_ms_per_iter"), (False, "scaffe_eager_ms_per_iter")):
+                ms = scaffe_ms_per_iter(net, SPECS[net][0], args.iterations, args.warmup, capture)
+                print(f"RESULT {key} {net} {ms:.3f}", flush=True)
     else:
         return print_verdict(args.logs)
     return 0

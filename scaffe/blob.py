@@ -32,6 +32,10 @@ class Blob:
         self.data = data_store.reshape(self.shape)
         self.diff = diff_store.reshape(self.shape)
 
+    def layout(self):
+        """What device work captured into a CUDA graph relies on: the storage objects and the shape."""
+        return self._data_store, self._diff_store, self.shape
+
     def reshape_like(self, other):
         self.reshape(other.shape)
 

@@ -9,6 +9,9 @@ ParamSpec name; lr_mult/decay_mult per learnable blob; CopyTrainedLayersFrom and
 The distributed trainer hooks in without touching the single-process path: `on_param_needed`
 callbacks run before a layer's forward, `on_grads_ready` callbacks after a layer's backward;
 `on_layer_timed` callbacks (the training timeline) receive each layer's compute interval.
+
+Every piece of an iteration's work goes through `run_step`, so that a captured iteration (scaffe.capture)
+can tell a layer's device work, which a CUDA graph can replay, from a hook, which must run each time.
 """
 import os
 import time
@@ -28,7 +31,10 @@ from scaffe.proto import caffe_pb2
 
 log = get_logger(__name__)
 
-__all__ = ["Net", "NetError", "LayerRecord", "BlobRecord", "ParamRecord", "LearnableRecord"]
+__all__ = ["Net", "NetError", "LayerRecord", "BlobRecord", "ParamRecord", "LearnableRecord", "HOST"]
+
+# The owner of a step that is host work (a hook, a callback): it runs at every iteration, never in a graph.
+HOST = "host"
 
 
 def _phase_value(phase):
@@ -141,6 +147,8 @@ class Net(Closing):
         self.param_needed_hooks = []
         self.grads_ready_hooks = []
         self.layer_timed_hooks = []
+        self.tape = None  # the scaffe.capture tape recording or checking this net's steps, if any
+        self._loss = 0.0  # the loss forward_from_to is adding up
         self._init(param)
 
     @classmethod
@@ -471,32 +479,48 @@ class Net(Closing):
         """Learnable param ids of layer `layer_id`'s blobs, in the layer's blob order."""
         return [self.param_records[i].learnable_id for i in self.layer_records[layer_id].param_ids]
 
+    def run_step(self, owner, work, *args):
+        """Runs `work(*args)`, one step of an iteration, or hands it to the tape recording the iteration:
+        `owner` is the LayerRecord whose layer does the work, HOST for a hook or callback, None for
+        device work of the net's or the solver's own."""
+        if self.tape is None:
+            work(*args)
+        else:
+            self.tape.step(owner, work, args)
+
     def forward_from_to(self, start, end):
         """Runs layers start..end (inclusive) forward; returns the loss they produced: a float on the CPU,
         a 0-d float64 device array on a GPU, so that the host need not wait for the device each pass
         (`float(loss)` fetches it; check_deferred_errors() should come with that fetch)."""
-        loss = 0.0
-        timed = self.layer_timed_hooks
+        self._loss = 0.0
         for i in range(start, end + 1):
             for hook in self.param_needed_hooks:
-                hook(i)
+                self.run_step(HOST, hook, i)
             record = self.layer_records[i]
-            if timed:
-                began = self.stamp()
-            record.layer.reshape(record.bottoms, record.tops)
-            record.layer.forward(record.bottoms, record.tops)
-            if timed:
-                ended = self.stamp()
-                for hook in timed:
-                    hook(i, "forward", began, ended)
-            for top_id, w in record.loss_tops:
-                top_loss = record.tops[top_id].data.sum(dtype=numpy.float64)
-                if self.xp is numpy:
-                    loss = loss + w * float(top_loss)
-                else:  # each operation is a kernel launch on the device: none for a lone loss of weight 1
-                    term = top_loss if w == 1 else w * top_loss
-                    loss = term if isinstance(loss, float) else loss + term
-        return loss
+            self.run_step(record, self._forward_layer, i, record)
+            if record.loss_tops:
+                self.run_step(None, self._add_loss, record)
+        return self._loss
+
+    def _forward_layer(self, i, record):
+        timed = self.layer_timed_hooks
+        if timed:
+            began = self.stamp()
+        record.layer.reshape(record.bottoms, record.tops)
+        record.layer.forward(record.bottoms, record.tops)
+        if timed:
+            ended = self.stamp()
+            for hook in timed:
+                hook(i, "forward", began, ended)
+
+    def _add_loss(self, record):
+        for top_id, w in record.loss_tops:
+            top_loss = record.tops[top_id].data.sum(dtype=numpy.float64)
+            if self.xp is numpy:
+                self._loss = self._loss + w * float(top_loss)
+            else:  # each operation is a kernel launch on the device: none for a lone loss of weight 1
+                term = top_loss if w == 1 else w * top_loss
+                self._loss = term if isinstance(self._loss, float) else self._loss + term
 
     def check_deferred_errors(self):
         """Raises the first error a layer found on the device and kept there (a bad label, say), so that
@@ -522,19 +546,23 @@ class Net(Closing):
     def backward_from_to(self, start, end):
         """Runs layers start down to end (inclusive) backward."""
         if start == len(self.layer_records) - 1:
-            self._reset_loss_diffs()
-        timed = self.layer_timed_hooks
+            self.run_step(None, self._reset_loss_diffs)
         for i in range(start, end - 1, -1):
-            if self.layer_records[i].need_backward:
-                if timed:
-                    began = self.stamp()
-                self._backward_layer(self.layer_records[i])
-                if timed:
-                    ended = self.stamp()
-                    for hook in timed:
-                        hook(i, "backward", began, ended)
+            record = self.layer_records[i]
+            if record.need_backward:
+                self.run_step(record, self._timed_backward, i, record)
             for hook in self.grads_ready_hooks:
-                hook(i)
+                self.run_step(HOST, hook, i)
+
+    def _timed_backward(self, i, record):
+        timed = self.layer_timed_hooks
+        if timed:
+            began = self.stamp()
+        self._backward_layer(record)
+        if timed:
+            ended = self.stamp()
+            for hook in timed:
+                hook(i, "backward", began, ended)
 
     def clock(self):
         """perf_counter() once the work queued so far is done: a GPU runs layers asynchronously, so

@@ -60,3 +60,22 @@ def cupy_stand_in(monkeypatch):
     yield cupy
     monkeypatch.undo()
     _forget_cupy()
+
+
+@pytest.fixture
+def nvmath_stand_in(cupy_stand_in, monkeypatch):
+    """cuBLAS bindings of nvmath-python (tests/stand_ins/nvmath_stand_in) on the cupy stand-in, so that GEMMs
+    can be captured (kernels.blas); gone afterwards."""
+    import kernels.blas
+
+    def forget():
+        for name in [n for n in sys.modules if n == "nvmath" or n.startswith("nvmath.")]:
+            del sys.modules[name]
+        kernels.blas._nvmath_cublas.cache_clear()
+        kernels.blas._handles.clear()
+    monkeypatch.syspath_prepend(os.path.join(STAND_INS, "nvmath_stand_in"))
+    forget()
+    from nvmath.bindings import cublas
+    yield cublas
+    monkeypatch.undo()
+    forget()

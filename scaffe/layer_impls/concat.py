@@ -8,6 +8,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class ConcatLayer(Layer):
     type = "Concat"
+    capture_refusal_reason = None
     min_num_bottom = 1
     exact_num_top = 1
 

@@ -15,6 +15,7 @@ import numpy
 
 from kernels import cudnn_conv
 from kernels.backend import get_array_module
+from kernels.blas import CUBLAS_REFUSES_CAPTURE, capture_ready, product
 from kernels.im2col import col2im, conv_output_size, im2col
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted, spatial_geometry
@@ -65,11 +66,8 @@ class ConvEngine:
 
     def _gemm(self, a, b, out, trans_a=False, trans_b=False):
         """out[g] = op(a[g]) @ op(b[g]) for each group g; a, b, out are (group, r, c) views."""
-        xp = get_array_module(a)
         for g in range(self.group):
-            ag = a[g].T if trans_a else a[g]
-            bg = b[g].T if trans_b else b[g]
-            xp.matmul(ag, bg, out=out[g])
+            product(out[g], a[g], b[g], trans_a, trans_b)
 
     def forward(self, x, weight, bias, y):
         """y = conv(x, weight) + bias (bias may be None); y is overwritten."""
@@ -200,6 +198,9 @@ class ConvolutionLayer(_ConvolutionBase):
 
     def output_hw(self, height, width):
         return self.engine.output_hw(height, width)
+
+    def capture_refusal(self):
+        return None if isinstance(self.conv, cudnn_conv.CudnnConv) or capture_ready() else CUBLAS_REFUSES_CAPTURE
 
     def forward(self, bottom, top):
         weight = self.blobs[0].data

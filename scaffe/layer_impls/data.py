@@ -23,6 +23,7 @@ from scaffe.proto import caffe_pb2
 @register
 class DataLayer(Layer):
     type = "Data"
+    capture_refusal_reason = "it delivers a new batch each iteration"
     exact_num_bottom = 0
     min_num_top = 1
     max_num_top = 2

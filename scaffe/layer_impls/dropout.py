@@ -12,6 +12,7 @@ from scaffe.proto import caffe_pb2
 @register
 class DropoutLayer(NeuronLayer):
     type = "Dropout"
+    capture_refusal_reason = "a graph would replay the same random mask every iteration"
     needs_input = False
 
     def setup(self, bottom, top):

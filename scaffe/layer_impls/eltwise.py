@@ -14,6 +14,7 @@ MAX = caffe_pb2.EltwiseParameter.MAX
 @register
 class EltwiseLayer(Layer):
     type = "Eltwise"
+    capture_refusal_reason = None
     min_num_bottom = 2
     exact_num_top = 1
 

@@ -1,7 +1,7 @@
 """InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM; the
 parameter gradients accumulate in one BLAS call each (kernels.blas)."""
 from kernels.backend import get_array_module
-from kernels.blas import add_column_sums, add_product
+from kernels.blas import CUBLAS_REFUSES_CAPTURE, add_column_sums, add_product, capture_ready, product
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
 from scaffe.layer_impls.layer import Layer
@@ -10,6 +10,9 @@ from scaffe.layer_impls.layer import Layer
 @register
 class InnerProductLayer(Layer):
     type = "InnerProduct"
+
+    def capture_refusal(self):
+        return None if capture_ready() else CUBLAS_REFUSES_CAPTURE
     exact_num_bottom = 1
     exact_num_top = 1
 
@@ -48,10 +51,9 @@ class InnerProductLayer(Layer):
         return ones
 
     def forward(self, bottom, top):
-        xp = get_array_module(bottom[0].data)
         x = bottom[0].data.reshape(-1, self.k)
         y = top[0].data.reshape(-1, self.num_output)
-        xp.matmul(x, self._weight_t(), out=y)
+        product(y, x, self._weight_t())
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -66,5 +68,4 @@ class InnerProductLayer(Layer):
         if self.bias_term and param_grad_wanted(self, 1):
             add_column_sums(self.blobs[1].diff, dy, self._ones(dy))
         if propagate_down[0]:
-            xp = get_array_module(dy)
-            xp.matmul(dy, self._weight_t().T, out=bottom[0].diff.reshape(-1, self.k))
+            product(bottom[0].diff.reshape(-1, self.k), dy, self._weight_t(), trans_b=True)

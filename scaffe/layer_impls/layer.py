@@ -33,6 +33,15 @@ class Layer:
     def backward(self, top, propagate_down, bottom):
         """Fill bottom[i].diff where propagate_down[i]; accumulate into each param blob's diff."""
 
+    # Why this layer's GPU forward and backward cannot be replayed from a CUDA graph (scaffe.capture), or
+    # None where they can: device work only, on buffers and with kernel arguments that stay the same from
+    # one iteration to the next, no host reads, no random draws. A layer says None once checked.
+    capture_refusal_reason = "not checked for CUDA graph capture"
+
+    def capture_refusal(self):
+        """`capture_refusal_reason`, for layers whose answer does not depend on how they were set up."""
+        return self.capture_refusal_reason
+
     # Caffe's ExactNumBottomBlobs / MinTopBlobs ...; None means unchecked.
     exact_num_bottom = None
     min_num_bottom = None

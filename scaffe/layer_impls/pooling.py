@@ -50,6 +50,7 @@ class Pooler:
 @register
 class PoolingLayer(Layer):
     type = "Pooling"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     min_num_top = 1
     max_num_top = 2

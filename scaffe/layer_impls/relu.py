@@ -11,6 +11,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class ReLULayer(NeuronLayer):
     type = "ReLU"
+    capture_refusal_reason = None
     # The sign of y equals the sign of x for slope >= 0, so backward can read the (in-place) output,
     # as Caffe's does; no copy of the input is needed.
     needs_input = False

@@ -18,6 +18,7 @@ def sigmoid(x, out=None):
 @register
 class SigmoidLayer(NeuronLayer):
     type = "Sigmoid"
+    capture_refusal_reason = None
     needs_input = False
 
     def compute(self, x, y):

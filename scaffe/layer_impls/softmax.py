@@ -17,6 +17,7 @@ def softmax(x3, out=None):
 @register
 class SoftmaxLayer(Layer):
     type = "Softmax"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

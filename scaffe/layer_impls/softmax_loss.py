@@ -41,6 +41,7 @@ def gather_labels(layer, label_blob, outer, channels, inner, ignore_label):
 @register
 class SoftmaxWithLossLayer(LossLayer, Layer):
     type = "SoftmaxWithLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     min_num_top = 1
     max_num_top = 2

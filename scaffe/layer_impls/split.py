@@ -10,6 +10,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class SplitLayer(Layer):
     type = "Split"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     min_num_top = 1
 

@@ -7,6 +7,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class TanHLayer(NeuronLayer):
     type = "TanH"
+    capture_refusal_reason = None
     needs_input = False
 
     def compute(self, x, y):

@@ -2,25 +2,32 @@
 on a GPU one kernel launch (`scaffe_<solver>_update`, registered in kernels/cuda_sources.py with the CUDA
 source CI compiles); on the CPU its numba twin (kernels/solver_updates.py), one pass per blob, split
 over threads where the blob is large. Scalars travel as kernel arguments, so a GPU step costs one launch
-and no host synchronisation."""
+and no host synchronisation; in a captured CUDA graph, whose arguments are fixed, the kernel's twin reads
+them from a device array written before each replay (scaffe.capture)."""
 import numpy
 
 from kernels._threads import run_split
-from kernels.cuda_sources import launch_elementwise
+from kernels.cuda_sources import from_device, launch_elementwise
 from kernels.solver_updates import CPU_UPDATES
 
 
-def fused_step(kernel, flat, segments, rate, grad_scale, weight_decay, l1, scalars):
+def fused_step(kernel, flat, segments, rate, grad_scale, weight_decay, l1, scalars, scalars_on_device=None):
     """Update `segments`, (learnable id, start, stop) element ranges that follow each other in FlatParams
     `flat`, with update kernel `kernel`; on a GPU on the current stream. `scalars`: the solver's own, in
-    the order of the kernel's parameters."""
+    the order of the kernel's parameters. `scalars_on_device`: a float32 device array that holds rate,
+    grad_scale, weight_decay and `scalars` by the time the kernel runs; the kernel then reads them there."""
     if flat.data.__class__ is numpy.ndarray:
         _cpu_step(CPU_UPDATES[kernel], flat, segments, rate, grad_scale, weight_decay, l1, scalars)
         return
     part = slice(*flat.elements(segments))
-    launch_elementwise(kernel, flat.dtype, part.stop - part.start, flat.data[part], flat.diff[part],
-                       flat.lr_mult[part], flat.decay_mult[part], rate, grad_scale, weight_decay, int(l1), *scalars,
-                       *[h[part] for h in flat.history])
+    arrays = (flat.data[part], flat.diff[part], flat.lr_mult[part], flat.decay_mult[part])
+    histories = [h[part] for h in flat.history]
+    if scalars_on_device is None:
+        launch_elementwise(kernel, flat.dtype, part.stop - part.start, *arrays, rate, grad_scale, weight_decay,
+                           int(l1), *scalars, *histories)
+    else:
+        launch_elementwise(from_device(kernel), flat.dtype, part.stop - part.start, *arrays, scalars_on_device,
+                           int(l1), *histories)
 
 
 def _cpu_step(update, flat, segments, rate, grad_scale, weight_decay, l1, scalars):

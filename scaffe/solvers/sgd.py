@@ -70,34 +70,45 @@ class SGDSolver(Solver):
     def apply_update(self):
         """SGDSolver::ApplyUpdate: lr, clipping, then normalize/regularize/update each blob. With
         `applies_update` False a schedule has updated the blobs: only the rate is accounted for."""
+        rate = self.account_rate()
+        if not self.applies_update:
+            return
+        self.clip_gradients()
+        self.update_parameters(rate)
+
+    def account_rate(self):
+        """This update's rate, taken: kept as `last_rate` and logged on display iterations (a captured
+        iteration's graph has applied it already)."""
         rate = self.get_learning_rate()
         self.last_rate, self._rate = rate, None
         if self.root_solver and self._display_due():
             log.info("Iteration %d, lr = %s", self.iter, fmt(rate))
-        if not self.applies_update:
-            return
-        self.clip_gradients()
+        return rate
+
+    def update_parameters(self, rate, scalars_on_device=None):
+        """Every learnable blob updated from its gradient (after clipping), at `rate`."""
         if self.flat is not None:
             self.update_elements([(param_id, 0, blob.count) for param_id, blob in enumerate(self.net.learnable_params)],
-                                 rate)
+                                 rate, scalars_on_device=scalars_on_device)
             return
         for param_id in range(len(self.net.learnable_params)):
             self.compute_step(param_id, rate)
         self.net.update()
 
-    def update_elements(self, segments, rate, grad_scale=1.0, iteration=None):
+    def update_elements(self, segments, rate, grad_scale=1.0, iteration=None, scalars_on_device=None):
         """Elements start:stop of learnable blob param_id, for each (param_id, start, stop) of `segments`
         (a schedule's piece of a layer): gradients times `grad_scale` (a schedule's 1/P), then the per-blob
         pipeline on those elements alone and data -= diff, fused where the solver keeps flat buffers; on a
         GPU the segments must follow each other there: one kernel over their span. `iteration`: the one whose gradients these are, where
-        a schedule finishes its update after `iter` moved on (Adam's bias correction counts it)."""
+        a schedule finishes its update after `iter` moved on (Adam's bias correction counts it).
+        `scalars_on_device`: the float32 device array a captured graph's kernel reads fused_arguments from."""
         self.update_iter = self.iter if iteration is None else iteration
         try:
-            self._update_elements(segments, rate, grad_scale)
+            self._update_elements(segments, rate, grad_scale, scalars_on_device)
         finally:
             self.update_iter = None
 
-    def _update_elements(self, segments, rate, grad_scale):
+    def _update_elements(self, segments, rate, grad_scale, scalars_on_device):
         if self.flat is None:
             for param_id, start, stop in segments:
                 part = slice(start, stop)
@@ -108,9 +119,15 @@ class SGDSolver(Solver):
                 data = self.data_of(param_id, part)
                 data -= diff
             return
+        rate, scale, weight_decay, own = self.fused_arguments(rate, grad_scale)
+        fused_step(self.update_kernel, self.flat, segments, rate, scale, weight_decay, self._l1_regularization(),
+                   own, scalars_on_device)
+
+    def fused_arguments(self, rate, grad_scale=1.0):
+        """The float scalars of `update_kernel` for this update: rate, grad_scale (a schedule's 1/P and
+        iter_size's), weight_decay and the solver's own."""
         scale = numpy.float32(grad_scale) * numpy.float32(1.0 / self.param.iter_size)
-        fused_step(self.update_kernel, self.flat, segments, rate, scale, self.param.weight_decay,
-                   self._l1_regularization(), self.fused_scalars(rate))
+        return rate, scale, self.param.weight_decay, self.fused_scalars(rate)
 
     def clear_param_diffs(self):
         if self.flat is None:

@@ -1,9 +1,10 @@
 """Solver: Caffe's training loop (test, forward/backward, display, update, snapshot, restore).
 
 Each iteration follows BVLC Caffe's Solver::Step exactly, because users compare loss curves and
-saved weights with Caffe's: clear gradients -> (test) -> forward/backward iter_size times ->
+saved weights with Caffe's: (test) -> clear gradients -> forward/backward iter_size times ->
 display -> callbacks -> update -> snapshot/stop requests. The update and its history belong to
-SGDSolver (scaffe.solvers.sgd), which every solver type derives from, as in Caffe.
+SGDSolver (scaffe.solvers.sgd), which every solver type derives from, as in Caffe. On a GPU the
+iteration's device work is replayed from CUDA graphs once it has run eagerly (scaffe.capture).
 """
 import math
 import os
@@ -15,7 +16,8 @@ from google.protobuf import text_format
 from scaffe import io as sio
 from scaffe.io import copy_message, to_host
 from scaffe.log import fmt, get_logger, output_line
-from scaffe.net import Net, NetError
+from scaffe.capture import CapturedIteration
+from scaffe.net import HOST, Net, NetError
 from scaffe.proto import caffe_pb2
 from scaffe.solvers.signals import SNAPSHOT, STOP, as_requests
 
@@ -66,6 +68,8 @@ class Solver:
         self.smoothed_loss = 0.0
         self.last_rate = None
         self.applies_update = True
+        self.capture = None  # the scaffe.capture.CapturedIteration, made by the first step()
+        self._passes_loss = 0.0
         self.flat = None  # the learnables' flat buffers (scaffe.solvers.flat) where the solver keeps them
         if root_solver:
             log.info("Initializing solver from parameters: \n%s", text_format.MessageToString(self.param))
@@ -238,22 +242,25 @@ class Solver:
         if self._solve_start is None:
             self._solve_start = time.perf_counter()
         self._display_timer, self._display_iter = time.perf_counter(), self.iter
+        if self.capture is None:
+            self.capture = CapturedIteration(self)
         while self.iter < stop_iter:
-            self.clear_param_diffs()
             if self._test_due():
                 self.test_all()
                 if self.requested_early_exit:
                     break
-            for cb in self.callbacks:
-                cb.on_start()
             iter_start = time.perf_counter()
-            loss = self._forward_backward_passes(fetch=self._display_due() or self.iter + 1 == stop_iter)
+            fetch = self._display_due() or self.iter + 1 == stop_iter
+            replayed = self.capture.run(fetch)
+            loss = self.iteration_passes(fetch) if replayed is None else replayed
             self._update_smoothed_loss(loss, start_iter)
             if self.root_solver and self._display_due():
                 self._display()
-            for cb in self.callbacks:
-                cb.on_gradients_ready()
-            self.apply_update()
+            if replayed is None:
+                self.gradients_ready()
+                self.apply_update()
+            else:
+                self.account_rate()  # the graph applied it
             self.iter += 1  # iter counts the updates applied so far
             self._report_iteration(loss, iter_start)
             if self._snapshot_or_stop():
@@ -267,20 +274,42 @@ class Solver:
     def _display_due(self):
         return bool(self.param.display) and self.iter % self.param.display == 0
 
+    def iteration_passes(self, fetch=True):
+        """An iteration up to its gradients: they are cleared, the callbacks told, then the passes run;
+        returns their mean loss. Every part is a step of the net's (Net.run_step), as a captured
+        iteration (scaffe.capture) records it, followed by gradients_ready() and the update."""
+        self.net.run_step(None, self.clear_param_diffs)
+        for cb in self.callbacks:
+            self.net.run_step(HOST, cb.on_start)
+        return self._forward_backward_passes(fetch)
+
+    def gradients_ready(self):
+        for cb in self.callbacks:
+            self.net.run_step(HOST, cb.on_gradients_ready)
+
     def _forward_backward_passes(self, fetch=True):
         """iter_size forward/backward passes, their gradients summed; returns their mean loss.
 
         A loss on the GPU stays there (fetching it is a host sync) and is checked only when `fetch`
         (display iterations and the last one): a NaN loss means NaN weights, so it is still NaN then."""
-        loss = 0.0
+        self._passes_loss = 0.0
         for _ in range(self.param.iter_size):
-            value = self.forward_backward()
-            # On the device each operation is a launch: none to add the first pass's loss to 0 or divide by 1.
-            loss = value if isinstance(loss, float) and not isinstance(value, float) else loss + value
+            self.net.run_step(None, self._add_pass_loss, self.forward_backward())
         if self.param.iter_size != 1:
-            loss = loss / self.param.iter_size
-        if not (fetch or isinstance(loss, float)):
-            return loss
+            self.net.run_step(None, self._average_pass_loss)
+        loss = self._passes_loss
+        return self.check_loss(loss) if fetch or isinstance(loss, float) else loss
+
+    def _add_pass_loss(self, value):
+        # On the device each operation is a launch: none to add the first pass's loss to 0 or divide by 1.
+        loss = self._passes_loss
+        self._passes_loss = value if isinstance(loss, float) and not isinstance(value, float) else loss + value
+
+    def _average_pass_loss(self):
+        self._passes_loss = self._passes_loss / self.param.iter_size
+
+    def check_loss(self, loss):
+        """`loss`, fetched and checked (with the errors the layers kept on the device): a host sync."""
         self.net.check_deferred_errors()
         if not math.isfinite(float(loss)):
             raise SolverError(f"{self._where()}iteration {self.iter}: the loss is {loss} "

@@ -44,7 +44,8 @@ def weights(solver):
 
 
 @pytest.mark.parametrize("solver_type,fields", SOLVERS, ids=IDS)
-def test_solver_on_the_device_matches_numpy(cupy_stand_in, tmp_path, solver_type, fields):
+def test_solver_on_the_device_matches_numpy(cupy_stand_in, monkeypatch, tmp_path, solver_type, fields):
+    monkeypatch.setenv("SCAFFE_CAPTURE", "0")  # eager iterations; replayed ones: tests/scaffe/test_capture.py
     host = solver_on(numpy, solver_type, fields, tmp_path)
     host.step(4)
     device = solver_on(cupy_stand_in, solver_type, fields, tmp_path)

@@ -233,10 +233,11 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
         assert any(row["backward_us"] for row in rows if row["rank"] == rank), timeline.report(trace)
 
 
-def test_gpu_layers_are_timed_by_events_without_waiting_for_the_device(cupy_stand_in):
+def test_gpu_layers_are_timed_by_events_without_waiting_for_the_device(cupy_stand_in, monkeypatch):
     """On a GPU each layer's slice comes from CUDA events recorded around it (Net.stamp), read when the trace
     is written: timing makes no host synchronisation per layer, and the slices still follow each other."""
     from mpi4py import MPI
+    monkeypatch.setenv("SCAFFE_CAPTURE", "0")  # eager iterations, timed or not (a timeline turns capture off)
 
     from perf.bench_train import make_solver
     solver, _ = make_solver("lenet", cupy_stand_in)

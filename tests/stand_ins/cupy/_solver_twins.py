@@ -1,8 +1,11 @@
 """numpy twins of the solvers' fused update kernels (kernels/cuda_sources.py, scaffe_<solver>_update), line by line:
 each reads its elements `i`, computes in the kernel's type T and stores them back at `i`."""
+import inspect
+
 import numpy
 
 from cupy._twins import twin
+from kernels.cuda_sources import from_device
 
 
 def _update(name):
@@ -23,6 +26,14 @@ def _update(name):
                 history.reshape(-1)[i] = values
             diff.reshape(-1)[i] = step
             data.reshape(-1)[i] = x - step
+        own = [p for p in inspect.signature(body).parameters if p not in ("t", "g", "local_rate")
+               and not p.startswith("h")]
+
+        def run_from_device(i, data, diff, lr_mult, decay_mult, scalars, l1, **histories):
+            rate, grad_scale, weight_decay, *values = scalars
+            run(i, data, diff, lr_mult, decay_mult, rate, grad_scale, weight_decay, l1, **dict(zip(own, values)),
+                **histories)
+        twin(from_device(name))(run_from_device)
         return twin(name)(run)
     return register
 

@@ -1,0 +1,156 @@
+"""Training iterations replayed from CUDA graphs (scaffe.capture) on the cupy stand-in, whose captures compute
+nothing until their graph runs and refuse what CUDA and cupy refuse: replayed training equals eager training
+bit for bit, what cannot be captured runs between the graphs, and whatever goes wrong turns capture off with
+one log line and leaves the training as the eager one."""
+import logging
+
+import numpy
+import pytest
+
+from scaffe.io import to_host
+from scaffe.solvers import create_solver, read_solver_file
+import test_cupy_cli
+
+lenet_dir = test_cupy_cli.lenet_dir  # the fixture: LeNet at batch 8 on the bundled digits, solver_gpu.prototxt
+
+
+def train(lenet_dir, cupy, monkeypatch, capture, iterations=6, patch=None, **fields):
+    """LeNet (Data layers on the LMDB) trained `iterations` on the stand-in with SCAFFE_CAPTURE=`capture`;
+    returns its weights and the solver."""
+    monkeypatch.setenv("SCAFFE_CAPTURE", capture)
+    path = lenet_dir / "solver_gpu.prototxt"
+    param = read_solver_file(path)
+    param.max_iter, param.snapshot, param.snapshot_after_train, param.test_interval = iterations, 0, False, 3
+    for field, value in fields.items():
+        setattr(param, field, value)
+    solver = create_solver(param, source=str(path), net_kwargs={"xp": cupy})
+    if patch is not None:
+        patch(solver.net)
+    try:
+        solver.solve()
+    finally:
+        solver.close()
+    weights = [to_host(blob.data) for blob in solver.net.learnable_params]
+    weights += [to_host(history) for history in solver.history]
+    return weights, solver
+
+
+@pytest.mark.parametrize("fields", [{}, {"type": "Adam", "base_lr": 0.001, "momentum": 0.9, "momentum2": 0.999,
+                                         "lr_policy": "fixed"}, {"iter_size": 2, "lr_policy": "step", "stepsize": 2,
+                                                                 "gamma": 0.5}],
+                         ids=["SGD-inv", "Adam", "iter_size-step"])
+def test_replayed_training_equals_eager_training(cupy_stand_in, lenet_dir, monkeypatch, caplog, fields):
+    """The rate (inv, step) and Adam's bias correction change every iteration and reach the captured update;
+    the Data layer delivers a new batch at each replay; the test net reads the replayed weights."""
+    eager, _ = train(lenet_dir, cupy_stand_in, monkeypatch, "0", **fields)
+    counters = cupy_stand_in._stand_in.counters
+    counters.clear()
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        replayed, solver = train(lenet_dir, cupy_stand_in, monkeypatch, "1", **fields)
+    for a, b in zip(replayed, eager):
+        numpy.testing.assert_array_equal(a, b)
+    log = caplog.text
+    assert "CUDA graphs off" not in log
+    # iterations 3..6 replayed; the GEMM layers run between the graphs, the Data layer first
+    assert counters["graph_launches"] >= 4 * 3
+    for layer in ("conv1", "conv2", "ip1", "ip2"):
+        assert f"layer {layer} runs between the graphs" in log
+    assert "layer mnist runs between the graphs (Data: it delivers a new batch each iteration)" in log
+    assert solver.capture.recording is not None
+
+
+def test_capture_is_off_by_setting(cupy_stand_in, lenet_dir, monkeypatch, caplog):
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        _, solver = train(lenet_dir, cupy_stand_in, monkeypatch, "0", iterations=3)
+    assert solver.capture.off == "SCAFFE_CAPTURE=0" and "CUDA graphs off (SCAFFE_CAPTURE=0)" in caplog.text
+    assert cupy_stand_in._stand_in.counters["graph_launches"] == 0
+    with pytest.raises(ValueError, match="SCAFFE_CAPTURE='yes'"):
+        train(lenet_dir, cupy_stand_in, monkeypatch, "yes", iterations=1)
+
+
+def _host_counter(net):
+    """ReLU's forward adds whether it ran an odd number of times: a host value a graph keeps from its capture (a
+    layer's mistake). The capture and the self-check's eager pass are two more calls, so the parity of the
+    later ones, and the training, stay those of an eager run."""
+    layer = net.layer("relu1")
+    forward, calls = layer.forward, [0]
+
+    def counted(bottom, top):
+        forward(bottom, top)
+        calls[0] += 1
+        top[0].data[...] += numpy.float32(1e-3 * (calls[0] % 2))
+    layer.forward = counted
+
+
+def _host_read(net):
+    """ReLU's forward reads a value back to the host: a host sync, which a capture refuses."""
+    layer = net.layer("relu1")
+    forward = layer.forward
+
+    def reading(bottom, top):
+        forward(bottom, top)
+        float(top[0].data.max())
+    layer.forward = reading
+
+
+@pytest.mark.parametrize("patch, message", [(_host_counter, "a replayed iteration differs from an eager one"),
+                                            (_host_read, "the capture failed: CUDARuntimeError: "
+                                                         "cudaErrorStreamCaptureUnsupported")],
+                         ids=["self-check", "capture error"])
+def test_a_failed_capture_leaves_eager_training(cupy_stand_in, lenet_dir, monkeypatch, caplog, patch, message):
+    eager, _ = train(lenet_dir, cupy_stand_in, monkeypatch, "0", patch=patch)
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        replayed, solver = train(lenet_dir, cupy_stand_in, monkeypatch, "1", patch=patch)
+    assert message in caplog.text and solver.capture.recording is None
+    assert [r.levelname for r in caplog.records if "CUDA graphs off" in r.getMessage()] == ["WARNING"]
+    for a, b in zip(replayed, eager):
+        numpy.testing.assert_array_equal(a, b)
+
+
+def test_uncaptured_solver_settings_say_why(cupy_stand_in, lenet_dir, monkeypatch, caplog):
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        _, solver = train(lenet_dir, cupy_stand_in, monkeypatch, "1", iterations=4, clip_gradients=10.0)
+    assert "CUDA graphs off (clip_gradients reads the gradients' norm on the host)" in caplog.text
+
+
+def test_with_nvmath_the_gemm_layers_are_captured_too(nvmath_stand_in, lenet_dir, monkeypatch, caplog):
+    """With nvmath-python's cuBLAS bindings the GEMMs of InnerProduct and Convolution go into the graphs: an
+    iteration is the Data layer's step and one graph (one launch in place of dozens)."""
+    cupy = __import__("cupy")
+    eager, _ = train(lenet_dir, cupy, monkeypatch, "0")
+    counters = cupy._stand_in.counters
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        counters.clear()
+        replayed, solver = train(lenet_dir, cupy, monkeypatch, "1")
+    assert "CUDA graphs: an iteration is 1 graphs and 1 steps between them" in caplog.text, caplog.text
+    assert "CUDA graphs off" not in caplog.text
+    for a, b in zip(replayed, eager):  # cuBLAS through nvmath, column-major: the same products, rounded alike
+        numpy.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_replays_wait_for_the_device_only_to_fetch_the_loss_and_a_timeline_turns_capture_off(cupy_stand_in, caplog):
+    from mpi4py import MPI
+
+    from perf.bench_train import make_solver
+    from scaffe import timeline
+    solver, _ = make_solver("lenet", cupy_stand_in)
+    solver.step(3)  # two eager iterations, then the capture and its self-check
+    stand_in = cupy_stand_in._stand_in
+    stand_in.reset()
+    solver.step(3)
+    # as eager iterations: only a step's last one fetches its loss and the labels' check
+    assert stand_in.host_syncs() == 2 and stand_in.counters["graph_launches"] >= 3
+    recorder = timeline.Timeline(solver, MPI.COMM_WORLD)
+    recorder.start()
+    caplog.clear()  # what earlier runs logged
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        solver.step(1)
+    recorder.stop()
+    assert "CUDA graphs off (the timeline records CUDA events around every layer)" in caplog.text
+    forward = [e["name"] for e in recorder.trace_events() if e.get("cat") == "forward"]
+    assert forward == [layer.name for layer in solver.net.layers]
