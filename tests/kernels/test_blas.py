@@ -16,10 +16,24 @@ def _operands(rng, m, n, k, trans_a, trans_b, views):
     return make(m, k, trans_a), make(k, n, trans_b)
 
 
-@pytest.mark.parametrize("views", [False, True], ids=["C-ordered", "transposed views"])
-@pytest.mark.parametrize("trans_a, trans_b", [(False, False), (True, False), (False, True), (True, True)])
+CASES = [(views, trans_a, trans_b) for views in (False, True) for trans_a in (False, True) for trans_b in (False, True)]
+
+
+@pytest.mark.parametrize("views, trans_a, trans_b", CASES)
 def test_captured_products_equal_numpys(nvmath_stand_in, views, trans_a, trans_b):
-    cp = __import__("cupy")
+    check_captured_products(__import__("cupy"), views, trans_a, trans_b)
+
+
+@pytest.mark.gpu
+def test_captured_products_on_a_gpu_equal_numpys():
+    import cupy
+    if not blas.capture_ready():
+        pytest.skip("nvmath-python's cuBLAS bindings are not installed")
+    for case in CASES:
+        check_captured_products(cupy, *case)
+
+
+def check_captured_products(cp, views, trans_a, trans_b):
     rng = numpy.random.default_rng(0)
     m, n, k = 5, 3, 7
     a, b = _operands(rng, m, n, k, trans_a, trans_b, views)
