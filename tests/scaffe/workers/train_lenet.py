@@ -7,7 +7,8 @@ Each `+` starts one more case, trained after the others in the same job (one mpi
 cases); case k > 0 saves its weights in out.npz with `.k` before the suffix (out.1.npz, ...).
 
 With --gpu the net lives on cupy (the stand-in, in CI), and the file also holds `host_syncs`: how often
-the training thread waited for the device inside the iterations between the first and the last.
+the training thread waited for the device inside the iterations between the first and the last, and
+`graph_launches`: how many CUDA graphs replayed iterations (scaffe.capture) launched.
 The scaffe and allreduce schedules add `held_updates_in_forward`: how many pieces (buckets) held back after a backward they
 updated during the next forward.
 """
@@ -80,7 +81,7 @@ def train(schedule, settings, out):
     solver.solve()
     solver.close()
     if comm.rank == 0:
-        extra = {"host_syncs": syncs.count} if gpu else {}
+        extra = {"host_syncs": syncs.count, "graph_launches": cupy._stand_in.counters["graph_launches"]} if gpu else {}
         if hasattr(attached, "held_updates_in_forward"):
             extra["held_updates_in_forward"] = attached.held_updates_in_forward
         numpy.savez(out, *[sio.to_host(b.data) for b in solver.net.learnable_params], **extra)
