@@ -110,7 +110,8 @@ install_missing() {
 mkdir -p "$logs"
 [ "$dry_run" = 1 ] || rm -f "$logs"/*.log "$logs/steps.tsv"  # a verdict reads this run's logs only
 install_missing
-[ "$dry_run" = 1 ] || { nvidia-smi; "$PY" -c "import cupy, mpi4py, lmdb; print('cupy', cupy.__version__)"; } \
+[ "$dry_run" = 1 ] || { nvidia-smi; "$PY" -c "import cupy, mpi4py, lmdb; print('cupy', cupy.__version__)"
+    "$PY" -c "from kernels import blas; print('captured GEMMs:', blas.capture_refusal() or 'ready')"; } \
     >"$logs/machine.log" 2>&1
 
 osu() {  # osu BENCH DEVICE PERCENT

@@ -5,7 +5,7 @@ array expression would launch a product, then an addition. On a stream being cap
 (scaffe.capture), where cupy refuses every cuBLAS call, the same GEMM goes to cuBLAS through NVIDIA's
 nvmath-python bindings, on a handle of ours with a workspace of its own (`prepare_capture` makes them before
 the capture: cublasCreate allocates), so that layers with GEMMs can be captured where nvmath-python is
-installed (`capture_ready`). On the host numpy computes them as those expressions do.
+installed (`capture_refusal` says why not). On the host numpy computes them as those expressions do.
 """
 import functools
 
@@ -13,8 +13,8 @@ import numpy
 
 from kernels.backend import get_array_module
 
-# Why GEMMs keep a layer out of a captured CUDA graph (scaffe.capture) where nvmath-python is missing.
-CUBLAS_REFUSES_CAPTURE = "its GEMMs go through cupy's cuBLAS, which refuses stream capture; nvmath-python is not installed"
+# Why GEMMs keep a layer out of a captured CUDA graph (scaffe.capture) where nvmath-python's bindings are missing.
+CUBLAS_REFUSES_CAPTURE = "its GEMMs go through cupy's cuBLAS, which refuses stream capture, and nvmath-python's are missing"
 # cuBLAS's workspace for captured GEMMs (NVIDIA advises one set by the user for CUDA graphs; 32 MiB on Hopper).
 CAPTURE_WORKSPACE_BYTES = 32 << 20
 _OP_N, _OP_T = 0, 1  # cublasOperation_t
@@ -60,19 +60,27 @@ def add_column_sums(out, a, ones):
 # ---------------------------------------------------------------- GEMMs on a capturing stream
 
 @functools.cache
-def _nvmath_cublas():
-    """nvmath-python's cuBLAS bindings, or None where they (or libcublas) are missing."""
+def _bindings():
+    """(nvmath-python's cuBLAS bindings, None), or (None, why they cannot be used)."""
     try:
         from nvmath.bindings import cublas
         cublas.get_property(0)  # loads libcublas: bindings without the library are no bindings
-        return cublas
-    except Exception:  # noqa: BLE001 - any failure means no capturable GEMM, which the capture's log says
-        return None
+        return cublas, None
+    except Exception as error:  # noqa: BLE001 - any failure means no capturable GEMM; capture_refusal says why
+        return None, f"{CUBLAS_REFUSES_CAPTURE} ({type(error).__name__}: {error})"
+
+
+def _nvmath_cublas():
+    return _bindings()[0]
+
+
+def capture_refusal():
+    """None where GEMMs can go into a captured CUDA graph, else why not (for Layer.capture_refusal)."""
+    return _bindings()[1]
 
 
 def capture_ready():
-    """Whether GEMMs can go into a captured CUDA graph (nvmath-python's cuBLAS bindings are there)."""
-    return _nvmath_cublas() is not None
+    return capture_refusal() is None
 
 
 _handles = {}  # device id -> (cuBLAS handle, its workspace)
@@ -109,7 +117,7 @@ def _operand(array, trans):
 def _captured_gemm(xp, out, a, b, trans_a, trans_b, accumulate):
     cublas = _nvmath_cublas()
     if cublas is None:
-        raise NotImplementedError(CUBLAS_REFUSES_CAPTURE)
+        raise NotImplementedError(capture_refusal())
     if not (a.dtype == b.dtype == out.dtype and out.dtype in (numpy.float32, numpy.float64)):
         raise TypeError(f"a captured GEMM takes float32 or float64 arrays of one type, got {a.dtype}, {b.dtype}, "
                         f"{out.dtype}")

@@ -71,7 +71,7 @@ def nvmath_stand_in(cupy_stand_in, monkeypatch):
     def forget():
         for name in [n for n in sys.modules if n == "nvmath" or n.startswith("nvmath.")]:
             del sys.modules[name]
-        kernels.blas._nvmath_cublas.cache_clear()
+        kernels.blas._bindings.cache_clear()
         kernels.blas._handles.clear()
     monkeypatch.syspath_prepend(os.path.join(STAND_INS, "nvmath_stand_in"))
     forget()

@@ -15,7 +15,8 @@ import numpy
 
 from kernels import cudnn_conv
 from kernels.backend import get_array_module
-from kernels.blas import CUBLAS_REFUSES_CAPTURE, capture_ready, product
+from kernels import blas
+from kernels.blas import product
 from kernels.im2col import col2im, conv_output_size, im2col
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted, spatial_geometry
@@ -200,7 +201,7 @@ class ConvolutionLayer(_ConvolutionBase):
         return self.engine.output_hw(height, width)
 
     def capture_refusal(self):
-        return None if isinstance(self.conv, cudnn_conv.CudnnConv) or capture_ready() else CUBLAS_REFUSES_CAPTURE
+        return None if isinstance(self.conv, cudnn_conv.CudnnConv) else blas.capture_refusal()
 
     def forward(self, bottom, top):
         weight = self.blobs[0].data

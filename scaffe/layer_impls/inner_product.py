@@ -1,7 +1,8 @@
 """InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM; the
 parameter gradients accumulate in one BLAS call each (kernels.blas)."""
 from kernels.backend import get_array_module
-from kernels.blas import CUBLAS_REFUSES_CAPTURE, add_column_sums, add_product, capture_ready, product
+from kernels import blas
+from kernels.blas import add_column_sums, add_product, product
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
 from scaffe.layer_impls.layer import Layer
@@ -12,7 +13,7 @@ class InnerProductLayer(Layer):
     type = "InnerProduct"
 
     def capture_refusal(self):
-        return None if capture_ready() else CUBLAS_REFUSES_CAPTURE
+        return blas.capture_refusal()
     exact_num_bottom = 1
     exact_num_top = 1
 
