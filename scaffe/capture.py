@@ -254,13 +254,14 @@ class CapturedIteration:
         self.scalars.set(self._scalar_values(self.solver.get_learning_rate()))
 
     def _state(self):
-        """(name, device array) of what an iteration writes: the compared ones, and the net's blobs."""
+        """(name, device array) of what an iteration writes: the compared ones, then the net's blobs and the
+        layers' own (BatchNorm's statistics, where they are not learnables)."""
         flat = self.solver.flat
         compared = [("the parameters", flat.data), ("the gradients", flat.diff)]
         compared += [(f"history {k}", h) for k, h in enumerate(flat.history)]
-        blobs = [(record.name, array) for record in self.net.blob_records
-                 for array in (record.blob.data, record.blob.diff)]
-        return compared, blobs
+        blobs = [record.blob for record in self.net.blob_records]
+        blobs += [blob for record in self.net.layer_records for blob in record.layer.blobs]
+        return compared, [(None, array) for blob in blobs for array in (blob.data, blob.diff)]
 
     @staticmethod
     def _results(loss, compared):

@@ -18,6 +18,7 @@ from scaffe.proto import caffe_pb2
 @register
 class BatchNormLayer(Layer):
     type = "BatchNorm"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -39,6 +39,7 @@ def reduce_to_operand(a3):
 @register
 class BiasLayer(Layer):
     type = "Bias"
+    capture_refusal_reason = None
     min_num_bottom = 1
     max_num_bottom = 2
     exact_num_top = 1

@@ -14,6 +14,7 @@ from scaffe.proto import caffe_pb2
 @register
 class ScaleLayer(Layer):
     type = "Scale"
+    capture_refusal_reason = None
     min_num_bottom = 1
     max_num_bottom = 2
     exact_num_top = 1

@@ -167,3 +167,49 @@ def test_on_a_gpu_replayed_training_equals_eager_training(lenet_dir, monkeypatch
     assert "CUDA graphs off" not in caplog.text and solver.capture.recording is not None, caplog.text
     for a, b in zip(replayed, eager):
         numpy.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+RESIDUAL_NET = """
+layer { name: "feed" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 weight_filler { type: "xavier" } } }
+layer { name: "bn" type: "BatchNorm" bottom: "conv" top: "bn" }
+layer { name: "scale" type: "Scale" bottom: "bn" top: "scale" scale_param { bias_term: true } }
+layer { name: "relu" type: "ReLU" bottom: "scale" top: "scale" }
+layer { name: "sum" type: "Eltwise" bottom: "scale" bottom: "conv" top: "sum" }
+layer { name: "both" type: "Concat" bottom: "sum" bottom: "conv" top: "both" }
+layer { name: "pool" type: "Pooling" bottom: "both" top: "pool" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc"
+        inner_product_param { num_output: 5 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+
+
+@pytest.mark.parametrize("solver_type", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+def test_every_solver_and_batch_norm_replay_as_they_train_eagerly(nvmath_stand_in, monkeypatch, caplog, solver_type):
+    """BatchNorm's statistics, Scale, Eltwise, Concat and AVE pooling in the graph, with each solver's update."""
+    from scaffe import io as sio
+    from scaffe.proto import caffe_pb2
+    cupy = __import__("cupy")
+    rng = numpy.random.default_rng(4)
+    images = rng.uniform(0, 1, (4, 3, 8, 8)).astype(numpy.float32)
+    labels = rng.integers(0, 5, 4).astype(numpy.float32)
+    results = []
+    for capture in ("0", "1"):
+        monkeypatch.setenv("SCAFFE_CAPTURE", capture)
+        param = caffe_pb2.SolverParameter(type=solver_type, base_lr=0.01, lr_policy="fixed", max_iter=6, display=0,
+                                          random_seed=2, snapshot_after_train=False, weight_decay=0.001,
+                                          **({"momentum": 0.9} if solver_type in ("SGD", "Nesterov", "Adam")
+                                             else {"momentum": 0.95} if solver_type == "AdaDelta" else {}))
+        param.net_param.CopyFrom(sio.parse_net_text(RESIDUAL_NET))
+        solver = create_solver(param, net_kwargs={"xp": cupy})
+        solver.net.blobs["data"].data[...] = cupy.asarray(images)
+        solver.net.blobs["label"].data[...] = cupy.asarray(labels)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="scaffe"):
+            solver.step(6)
+        results.append([to_host(blob.data) for layer in solver.net.layers for blob in layer.blobs])
+    assert "CUDA graphs: an iteration is 1 graphs and 1 steps between them" in caplog.text, caplog.text
+    for a, b in zip(*results):
+        numpy.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
