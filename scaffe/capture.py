@@ -17,6 +17,7 @@ change is an error). Whatever turns capture off says why in one log line;
 SCAFFE_CAPTURE=0 turns it off. Memory that captured work allocates comes from a pool of the graphs' own:
 cupy's shared pool would hand it out again after the capture while the graphs still write it.
 """
+import contextlib
 import os
 
 import numpy
@@ -195,7 +196,8 @@ class CapturedIteration:
         self._upload_scalars()
         self.net.tape = _Eager(with_hooks=False)
         try:
-            eager = self._results(self._work(), compared)
+            with self._same_draws():
+                eager = self._results(self._work(), compared)
         finally:
             self.net.tape = None
             _put_back(arrays, before)
@@ -210,7 +212,8 @@ class CapturedIteration:
         log.info("CUDA graphs: an iteration is %d graphs and %d steps between them", graphs,
                  len(self.recording.entries) + len(self.recording.inputs) - graphs)
         try:
-            replayed = self._results(self._replay(fetch=False, checking=True), compared)
+            with self._same_draws():
+                replayed = self._results(self._replay(fetch=False, checking=True), compared)
         finally:
             _put_back(arrays, before)
         difference = _difference(["the loss"] + [name for name, _ in compared], eager, replayed)
@@ -262,6 +265,20 @@ class CapturedIteration:
         blobs = [record.blob for record in self.net.blob_records]
         blobs += [blob for record in self.net.layer_records for blob in record.layer.blobs]
         return compared, [(None, array) for blob in blobs for array in (blob.data, blob.diff)]
+
+    @contextlib.contextmanager
+    def _same_draws(self):
+        """The layers' random generators (Dropout's) swapped for ones seeded alike, their own put back after:
+        both halves of the self-check draw the same masks, and training draws what it would have."""
+        own = [(layer, name, getattr(layer, name, None)) for layer in self.net.layers
+               for name in layer.random_generators]
+        for layer, name, _ in own:
+            setattr(layer, name, self.net.xp.random.default_rng(0))
+        try:
+            yield
+        finally:
+            for layer, name, generator in own:
+                setattr(layer, name, generator)
 
     @staticmethod
     def _results(loss, compared):

@@ -13,6 +13,7 @@ from scaffe.proto import caffe_pb2
 class DropoutLayer(NeuronLayer):
     type = "Dropout"
     capture_refusal_reason = "a graph would replay the same random mask every iteration"
+    random_generators = ("device_rng",)
     needs_input = False
 
     def setup(self, bottom, top):
