@@ -2,20 +2,21 @@
 stream is captured, and the GPU replays them after that, so a small net no longer pays a host call per kernel.
 
 The iteration is the net's and the solver's steps (Net.run_step). The device work of a layer, of the loss,
-of clearing the gradients and of the fused update is captured; a layer that says why it cannot be
-(Layer.capture_refusal: random draws, a new batch, GEMMs where nvmath-python is missing, see kernels.blas)
-runs in its place between graphs, as hooks and callbacks (HOST) do at every iteration. Each run of capturable steps is one graph. The
-rate and the solver's scalars change from one iteration to the next, so the captured update kernel reads
-them from a small device array written before each replay (kernels.cuda_sources.from_device).
+of clearing the gradients and of the fused update is captured, each run of such steps into one graph. A
+layer that says why it cannot be (Layer.capture_refusal: random draws, a new batch, GEMMs where
+nvmath-python is missing, see kernels.blas) runs in its place between the graphs at every replay, as hooks
+and callbacks (HOST) do. The rate and the solver's scalars change from one iteration to the next, so the
+captured update kernel reads them from a small device array written before each replay
+(kernels.cuda_sources.from_device).
 
 Its life: WARMUP_ITERATIONS run eagerly (buffers, cuDNN plans and workspaces are made then); the next one
-is captured and checked: an eager iteration and a replayed one, from the same parameters and the same
-input, must give the same loss, parameters, gradients and history, or capture is turned off with a
+is captured and checked: an eager iteration and a replayed one, from the same parameters, input and random
+draws, must give the same loss, parameters, gradients and history, or capture is turned off with a
 warning. Input layers (no bottoms) run first at every replay; if one moved or reshaped a blob, capture is
 turned off and that iteration runs eagerly (with iter_size > 1 they run in their passes' places, and such a
-change is an error). Whatever turns capture off says why in one log line;
-SCAFFE_CAPTURE=0 turns it off. Memory that captured work allocates comes from a pool of the graphs' own:
-cupy's shared pool would hand it out again after the capture while the graphs still write it.
+change is an error). Whatever turns capture off says why in one log line; SCAFFE_CAPTURE=0 turns it off.
+Memory that captured work allocates comes from a pool of the graphs' own: cupy's shared pool would hand it
+out again after the capture while the graphs still write it.
 """
 import contextlib
 import os
