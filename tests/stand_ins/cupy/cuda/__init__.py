@@ -256,9 +256,6 @@ class Graph:
     def __init__(self, work):
         self._work = work
 
-    def upload(self, stream=None):
-        pass
-
     def launch(self, stream=None):
         stream = get_current_stream() if stream is None else stream
         if stream._capture is not None:
