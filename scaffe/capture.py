@@ -3,22 +3,20 @@ stream is captured, and the GPU replays them after that, so a small net no longe
 
 The iteration is the net's and the solver's steps (Net.run_step). The device work of a layer, of the loss,
 of clearing the gradients and of the fused update is captured, each run of such steps into one graph. A
-layer that says why it cannot be (Layer.capture_refusal: random draws, a new batch, GEMMs where
-nvmath-python is missing, see kernels.blas) runs in its place between the graphs at every replay, as hooks
-and callbacks (HOST) do. The rate and the solver's scalars change from one iteration to the next, so the
+layer that says why it cannot be (Layer.capture_refusal: a new batch; GEMMs where nvmath-python is missing,
+see kernels.blas) runs in its place between the graphs at every replay, as hooks and callbacks (HOST) do. The rate and the solver's scalars change from one iteration to the next, so the
 captured update kernel reads them from a small device array written before each replay
 (kernels.cuda_sources.from_device).
 
 Its life: WARMUP_ITERATIONS run eagerly (buffers, cuDNN plans and workspaces are made then); the next one
 is captured and checked: an eager iteration and a replayed one, from the same parameters, input and random
-draws, must give the same loss, parameters, gradients and history, or capture is turned off with a
+generators' state, must give the same loss, parameters, gradients and history, or capture is turned off with a
 warning. Input layers (no bottoms) run first at every replay; if one moved or reshaped a blob, capture is
 turned off and that iteration runs eagerly (with iter_size > 1 they run in their passes' places, and such a
 change is an error). Whatever turns capture off says why in one log line; SCAFFE_CAPTURE=0 turns it off.
 Memory that captured work allocates comes from a pool of the graphs' own: cupy's shared pool would hand it
 out again after the capture while the graphs still write it.
 """
-import contextlib
 import os
 
 import numpy
@@ -197,8 +195,7 @@ class CapturedIteration:
         self._upload_scalars()
         self.net.tape = _Eager(with_hooks=False)
         try:
-            with self._same_draws():
-                eager = self._results(self._work(), compared)
+            eager = self._results(self._work(), compared)
         finally:
             self.net.tape = None
             _put_back(arrays, before)
@@ -213,8 +210,7 @@ class CapturedIteration:
         log.info("CUDA graphs: an iteration is %d graphs and %d steps between them", graphs,
                  len(self.recording.entries) + len(self.recording.inputs) - graphs)
         try:
-            with self._same_draws():
-                replayed = self._results(self._replay(fetch=False, checking=True), compared)
+            replayed = self._results(self._replay(fetch=False, checking=True), compared)
         finally:
             _put_back(arrays, before)
         difference = _difference(["the loss"] + [name for name, _ in compared], eager, replayed)
@@ -258,28 +254,17 @@ class CapturedIteration:
         self.scalars.set(self._scalar_values(self.solver.get_learning_rate()))
 
     def _state(self):
-        """(name, device array) of what an iteration writes: the compared ones, then the net's blobs and the
-        layers' own (BatchNorm's statistics, where they are not learnables)."""
+        """(name, device array) of what an iteration writes: the compared ones, then the net's blobs, the
+        layers' own (BatchNorm's statistics, where they are not learnables) and their random generators'
+        state, so that both halves of the self-check draw the same masks and training draws what it would."""
         flat = self.solver.flat
         compared = [("the parameters", flat.data), ("the gradients", flat.diff)]
         compared += [(f"history {k}", h) for k, h in enumerate(flat.history)]
         blobs = [record.blob for record in self.net.blob_records]
-        blobs += [blob for record in self.net.layer_records for blob in record.layer.blobs]
-        return compared, [(None, array) for blob in blobs for array in (blob.data, blob.diff)]
-
-    @contextlib.contextmanager
-    def _same_draws(self):
-        """The layers' random generators (Dropout's) swapped for ones seeded alike, their own put back after:
-        both halves of the self-check draw the same masks, and training draws what it would have."""
-        own = [(layer, name, getattr(layer, name, None)) for layer in self.net.layers
-               for name in layer.random_generators]
-        for layer, name, _ in own:
-            setattr(layer, name, self.net.xp.random.default_rng(0))
-        try:
-            yield
-        finally:
-            for layer, name, generator in own:
-                setattr(layer, name, generator)
+        blobs += [blob for layer in self.net.layers for blob in layer.blobs]
+        written = [array for blob in blobs for array in (blob.data, blob.diff)]
+        written += [array for layer in self.net.layers for array in layer.random_state()]
+        return compared, [(None, array) for array in written]
 
     @staticmethod
     def _results(loss, compared):

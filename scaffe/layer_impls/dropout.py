@@ -12,8 +12,17 @@ from scaffe.proto import caffe_pb2
 @register
 class DropoutLayer(NeuronLayer):
     type = "Dropout"
-    capture_refusal_reason = "a graph would replay the same random mask every iteration"
-    random_generators = ("device_rng",)
+
+    def capture_refusal(self):
+        if self.phase == caffe_pb2.TRAIN and not self.random_state():
+            return "its random generator keeps no state on the device for a graph to advance"
+        return None
+
+    def random_state(self):
+        """cupy's Generator keeps its bit generator's state on the device (`_state`), and each draw's kernel
+        advances it there, so a graph that replays the draw draws a new mask."""
+        state = getattr(getattr(getattr(self, "device_rng", None), "bit_generator", None), "_state", None)
+        return [] if state is None else [state]
     needs_input = False
 
     def setup(self, bottom, top):

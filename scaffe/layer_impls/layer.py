@@ -37,13 +37,14 @@ class Layer:
     # None where they can: device work only, on buffers and with kernel arguments that stay the same from
     # one iteration to the next, no host reads, no random draws. A layer says None once checked.
     capture_refusal_reason = "not checked for CUDA graph capture"
-    # The attributes that hold the layer's device random generators: the capture's self-check swaps them for
-    # generators seeded alike, so that its eager and replayed iterations draw the same numbers.
-    random_generators = ()
-
     def capture_refusal(self):
         """`capture_refusal_reason`, for layers whose answer does not depend on how they were set up."""
         return self.capture_refusal_reason
+
+    def random_state(self):
+        """The device arrays that hold the state of the layer's random generators: the capture's self-check
+        puts them back after its eager half, so that its replayed half draws the same numbers."""
+        return []
 
     # Caffe's ExactNumBottomBlobs / MinTopBlobs ...; None means unchecked.
     exact_num_bottom = None
