@@ -13,7 +13,9 @@ is captured and checked: an eager iteration and a replayed one, from the same pa
 generators' state, must give the same loss, parameters, gradients and history, or capture is turned off with a
 warning. Input layers (no bottoms) run first at every replay; if one moved or reshaped a blob, capture is
 turned off and that iteration runs eagerly (with iter_size > 1 they run in their passes' places, and such a
-change is an error). Whatever turns capture off says why in one log line; SCAFFE_CAPTURE=0 turns it off.
+change is an error). A layer whose capture raises an error (a host read, a library that refuses a capturing
+stream) runs between the graphs from then on, and the iteration is captured again; an error in other work
+turns capture off. Whatever turns capture off says why in one log line; SCAFFE_CAPTURE=0 turns it off.
 Memory that captured work allocates comes from a pool of the graphs' own: cupy's shared pool would hand it
 out again after the capture while the graphs still write it.
 """
@@ -41,13 +43,19 @@ def capture_setting():
     return value == "1"
 
 
-def _kind(owner):
+def _refusal(owner, failed):
+    """Why layer record `owner`'s work stays out of the graphs, or None; `failed`: {layer id: why} of the layers
+    whose capture raised an error."""
+    return failed.get(id(owner.layer)) or owner.layer.capture_refusal()
+
+
+def _kind(owner, failed):
     """None for a capturable step; "host" for a hook's; "input" or "layer" for a layer that refuses capture."""
     if owner is None:
         return None
     if owner is HOST:
         return "host"
-    if owner.layer.capture_refusal() is None:
+    if _refusal(owner, failed) is None:
         return None
     return "layer" if owner.bottoms else "input"
 
@@ -65,20 +73,26 @@ class _Step:
 class _Recording:
     """Net.tape while an iteration is captured: capturable steps run into the open capture, the rest are kept."""
 
-    def __init__(self, stream, inputs_first):
+    def __init__(self, stream, inputs_first, failed):
         self.stream = stream
         self.entries = []  # graphs and _Steps, in the iteration's order
         self.inputs = []  # with `inputs_first` (one pass an iteration), the input layers' steps, run first
         self.inputs_first = inputs_first
+        self.failed = failed
         self.capturing = False
+        self.raised = None  # the owner of the step whose capture raised an error
 
     def step(self, owner, work, args):
-        kind = _kind(owner)
+        kind = _kind(owner, self.failed)
         if kind is None:
             if not self.capturing:
                 self.stream.begin_capture()
                 self.capturing = True
-            work(*args)
+            try:
+                work(*args)
+            except Exception:
+                self.raised = owner
+                raise
         elif kind == "input" and self.inputs_first:
             self.inputs.append(_Step(kind, owner, work, args))
         else:
@@ -101,18 +115,19 @@ class _Recording:
 
     def refusals(self):
         layers = [step.owner for step in self.inputs + self.entries if step.__class__ is _Step and step.kind != "host"]
-        return {record.name: f"{record.layer.type}: {record.layer.capture_refusal()}" for record in layers}
+        return {record.name: f"{record.layer.type}: {_refusal(record, self.failed)}" for record in layers}
 
 
 class _Eager:
     """Net.tape for an eager iteration whose batch is in place already (its input layers are left out) and,
     for the self-check, without the hooks."""
 
-    def __init__(self, with_hooks):
+    def __init__(self, with_hooks, failed):
         self.with_hooks = with_hooks
+        self.failed = failed
 
     def step(self, owner, work, args):
-        kind = _kind(owner)
+        kind = _kind(owner, self.failed)
         if kind == "input" or (kind == "host" and not self.with_hooks):
             return
         work(*args)
@@ -129,6 +144,7 @@ class CapturedIteration:
             self._turn_off("SCAFFE_CAPTURE=0")
         self.warmup = WARMUP_ITERATIONS
         self.recording = None
+        self.failed = {}  # layer id -> why its capture raised an error: it runs between the graphs
         self._eager_tape = None
 
     def _turn_off(self, why, warn=False):
@@ -193,17 +209,15 @@ class CapturedIteration:
         arrays = [array for _, array in compared + blobs]
         before = [array.copy() for array in arrays]
         self._upload_scalars()
-        self.net.tape = _Eager(with_hooks=False)
+        self.net.tape = _Eager(with_hooks=False, failed=self.failed)
         try:
             eager = self._results(self._work(), compared)
         finally:
             self.net.tape = None
             _put_back(arrays, before)
-        try:
-            self._record()
-        except Exception as error:  # noqa: BLE001 - whatever cannot be captured runs eagerly, as the log says
-            self._turn_off(f"the capture failed: {type(error).__name__}: {error}", warn=True)
-            return False
+        while not self._record():  # a layer whose capture raised an error runs between the graphs: again
+            if self.off is not None:
+                return False
         for name, reason in self.recording.refusals().items():
             log.info("CUDA graphs: layer %s runs between the graphs (%s)", name, reason)
         graphs = sum(1 for entry in self.recording.entries if entry.__class__ is not _Step)
@@ -221,14 +235,25 @@ class CapturedIteration:
         return True
 
     def _record(self):
+        """Captures the iteration; False where a step's capture raised an error: then the layer whose step it
+        was runs between the graphs from now on (False to try again), or, for another step, capture is off."""
         xp = self.net.xp
-        recording = _Recording(self.stream, inputs_first=self.solver.param.iter_size == 1)
+        recording = _Recording(self.stream, self.solver.param.iter_size == 1, self.failed)
         self.hooks = self._hooks()
         self.net.tape = recording
         try:
             with self.stream, xp.cuda.using_allocator(self.pool.malloc):
                 self.loss = self._work()
                 recording.close()
+        except Exception as error:  # noqa: BLE001 - what cannot be captured runs eagerly, as the log says
+            why = f"{type(error).__name__}: {error}"
+            if recording.raised is None or recording.raised is HOST:
+                self._turn_off(f"the capture failed: {why}", warn=True)
+            else:
+                self.failed[id(recording.raised.layer)] = f"its capture failed: {why}"
+                log.warning("CUDA graphs: layer %s could not be captured (%s); it runs between the graphs",
+                            recording.raised.name, why)
+            return False
         finally:
             self.net.tape = None
             recording.abandon()
@@ -236,6 +261,7 @@ class CapturedIteration:
         self.layouts = {id(step): [(blob, blob.layout()) for blob in step.owner.tops]
                         for step in recording.entries + recording.inputs
                         if step.__class__ is _Step and step.kind == "input"}
+        return True
 
     def _work(self):
         """The iteration as the solver runs it, up to and including the update."""
@@ -283,7 +309,8 @@ class CapturedIteration:
             if moved is not None:
                 self.recording = None
                 self._turn_off(f"input layer {moved} changed the shape or storage of a top blob")
-                self.net.tape = self._eager_tape = _Eager(with_hooks=True)  # its batch is in place
+                # its batch is in place: this iteration runs eagerly without the input layers
+                self.net.tape = self._eager_tape = _Eager(with_hooks=True, failed=self.failed)
                 return None
         stream = self.net.xp.cuda.get_current_stream()
         for entry in self.recording.entries:
