@@ -247,7 +247,7 @@ class CapturedIteration:
                 recording.close()
         except Exception as error:  # noqa: BLE001 - what cannot be captured runs eagerly, as the log says
             why = f"{type(error).__name__}: {error}"
-            if recording.raised is None or recording.raised is HOST:
+            if recording.raised is None:  # the net's or the solver's own work, or the capture's end
                 self._turn_off(f"the capture failed: {why}", warn=True)
             else:
                 self.failed[id(recording.raised.layer)] = f"its capture failed: {why}"
