@@ -139,9 +139,9 @@ class DeferredLabelCheck:
         label = labels.reshape(-1)[flat_bad.argmax()]
         if self.seen is None:
             self.seen, self.first = any_bad, label
-        else:
-            self.first = xp.where(self.seen, self.first, label)
-            self.seen = self.seen | any_bad
+        else:  # in place: a CUDA graph replaying this (scaffe.capture) keeps adding to the same two arrays
+            self.first[...] = xp.where(self.seen, self.first, label)
+            self.seen |= any_bad
 
     def message(self):
         if self.state is not None:

@@ -7,6 +7,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class AbsValLayer(NeuronLayer):
     type = "AbsVal"
+    capture_refusal_reason = None
 
     def compute(self, x, y):
         get_array_module(x).abs(x, out=y)

@@ -10,6 +10,7 @@ BNLL_THRESHOLD = 50.0
 @register
 class BNLLLayer(NeuronLayer):
     type = "BNLL"
+    capture_refusal_reason = None
 
     def compute(self, x, y):
         xp = get_array_module(x)

@@ -7,6 +7,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class ClipLayer(NeuronLayer):
     type = "Clip"
+    capture_refusal_reason = None
 
     def setup(self, bottom, top):
         cp = self.param.clip_param

@@ -11,6 +11,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class ContrastiveLossLayer(LossLayer, Layer):
     type = "ContrastiveLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 3
     exact_num_top = 1
 

@@ -10,6 +10,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class CropLayer(Layer):
     type = "Crop"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     exact_num_top = 1
 

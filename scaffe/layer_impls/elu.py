@@ -7,6 +7,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class ELULayer(NeuronLayer):
     type = "ELU"
+    capture_refusal_reason = None
 
     def setup(self, bottom, top):
         self.alpha = float(self.param.elu_param.alpha)

@@ -9,6 +9,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class EuclideanLossLayer(LossLayer, Layer):
     type = "EuclideanLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     exact_num_top = 1
 

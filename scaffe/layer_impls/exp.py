@@ -9,6 +9,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class ExpLayer(NeuronLayer):
     type = "Exp"
+    capture_refusal_reason = None
     needs_input = False
 
     def setup(self, bottom, top):

@@ -12,6 +12,7 @@ from scaffe.proto import caffe_pb2
 @register
 class HingeLossLayer(LossLayer, Layer):
     type = "HingeLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     exact_num_top = 1
 

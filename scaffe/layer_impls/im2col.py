@@ -11,6 +11,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class Im2colLayer(Layer):
     type = "Im2col"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -18,6 +18,7 @@ from scaffe.layer_impls.softmax_loss import gather_labels
 @register
 class InfogainLossLayer(LossLayer, Layer):
     type = "InfogainLoss"
+    capture_refusal_reason = None
     min_num_bottom = 2
     max_num_bottom = 3
     min_num_top = 1

@@ -9,6 +9,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class LogLayer(NeuronLayer):
     type = "Log"
+    capture_refusal_reason = None
 
     def setup(self, bottom, top):
         lp = self.param.log_param

@@ -14,6 +14,7 @@ LOG_THRESHOLD = 1e-20
 @register
 class MultinomialLogisticLossLayer(LossLayer, Layer):
     type = "MultinomialLogisticLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     exact_num_top = 1
 

@@ -7,6 +7,7 @@ from scaffe.layer_impls.neuron import NeuronLayer
 @register
 class PowerLayer(NeuronLayer):
     type = "Power"
+    capture_refusal_reason = None
 
     def setup(self, bottom, top):
         pp = self.param.power_param

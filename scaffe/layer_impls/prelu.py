@@ -9,6 +9,7 @@ from scaffe.proto import caffe_pb2
 @register
 class PReLULayer(Layer):
     type = "PReLU"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -11,6 +11,7 @@ _OPS = caffe_pb2.ReductionParameter
 @register
 class ReductionLayer(Layer):
     type = "Reduction"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

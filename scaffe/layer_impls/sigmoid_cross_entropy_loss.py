@@ -16,6 +16,7 @@ from scaffe.proto import caffe_pb2
 @register
 class SigmoidCrossEntropyLossLayer(LossLayer, Layer):
     type = "SigmoidCrossEntropyLoss"
+    capture_refusal_reason = None
     exact_num_bottom = 2
     exact_num_top = 1
 

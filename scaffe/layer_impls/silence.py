@@ -6,6 +6,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class SilenceLayer(Layer):
     type = "Silence"
+    capture_refusal_reason = None
     min_num_bottom = 1
     exact_num_top = 0
 

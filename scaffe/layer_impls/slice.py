@@ -8,6 +8,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class SliceLayer(Layer):
     type = "Slice"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     min_num_top = 1
 

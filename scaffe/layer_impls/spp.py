@@ -19,6 +19,7 @@ def level_geometry(level, height, width):
 @register
 class SPPLayer(Layer):
     type = "SPP"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

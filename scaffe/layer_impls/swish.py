@@ -7,6 +7,7 @@ from scaffe.layer_impls.sigmoid import sigmoid
 @register
 class SwishLayer(NeuronLayer):
     type = "Swish"
+    capture_refusal_reason = None
     needs_input = False
 
     def setup(self, bottom, top):

@@ -7,6 +7,7 @@ from scaffe.layer_impls.layer import Layer
 @register
 class TileLayer(Layer):
     type = "Tile"
+    capture_refusal_reason = None
     exact_num_bottom = 1
     exact_num_top = 1
 

@@ -229,3 +229,120 @@ def test_every_solver_and_batch_norm_replay_as_they_train_eagerly(nvmath_stand_i
     assert "CUDA graphs off" not in caplog.text
     for a, b in zip(*results):
         numpy.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _layer_cases():
+    from test_layers_gradients import CASES
+    return CASES
+
+
+class _OneLayer:
+    """One layer of a gradient case on the cupy stand-in: new bottoms and top diffs fed, forward and backward run."""
+
+    def __init__(self, cp, proto, bottoms, options):
+        from gradient_check import layer_param
+        from scaffe.blob import Blob
+        from scaffe.layer_impls import create_layer
+        from scaffe.proto import caffe_pb2
+        param = layer_param(proto)
+        self.cp, self.values = cp, bottoms
+        self.bottoms = [Blob(numpy.shape(array), dtype=numpy.float32, xp=cp) for array in bottoms]
+        self.tops = [Blob((), dtype=numpy.float32, xp=cp)
+                     for _ in range(options.get("num_tops", max(len(param.top), 1)))]
+        if options.get("in_place"):
+            self.tops[0] = self.bottoms[0]
+        self.layer = create_layer(param, options.get("phase", caffe_pb2.TRAIN))
+        self.layer.rng = numpy.random.default_rng(0)
+        self.layer.setup(self.bottoms, self.tops)
+        self.layer.reshape(self.bottoms, self.tops)
+        check = options.get("check_bottoms", range(len(bottoms)))
+        self.propagate = [i in check for i in range(len(bottoms))]
+        self.rng = numpy.random.default_rng(5)
+
+    def feed(self):
+        """New bottoms (labels kept) and top diffs; the parameters' gradients cleared."""
+        for blob, array, wanted in zip(self.bottoms, self.values, self.propagate):
+            values = numpy.asarray(array, dtype=numpy.float32)
+            noise = self.rng.standard_normal(values.shape).astype(numpy.float32) * 0.1 if wanted else 0
+            blob.data[...] = self.cp.asarray(values + noise)
+        for top in self.tops:
+            top.diff[...] = self.cp.asarray(self.rng.standard_normal(top.shape).astype(numpy.float32))
+        self.clear()
+
+    def clear(self):
+        for blob in self.layer.blobs:
+            blob.diff[...] = 0
+
+    def inputs(self):
+        return [b.data for b in self.bottoms] + [t.diff for t in self.tops] + self.layer.random_state()
+
+    def passes(self):
+        self.layer.forward(self.bottoms, self.tops)
+        self.layer.backward(self.tops, self.propagate, self.bottoms)
+
+    def results(self):
+        return ([t.data.get() for t in self.tops] + [b.diff.get() for b, p in zip(self.bottoms, self.propagate) if p]
+                + [b.diff.get() for b in self.layer.blobs])
+
+
+@pytest.mark.parametrize("proto, bottoms, options", [c[1:] for c in _layer_cases()], ids=[c[0] for c in _layer_cases()])
+def test_every_layer_that_says_it_can_be_captured_replays_as_it_runs(nvmath_stand_in, proto, bottoms, options):
+    """What `capture_refusal() is None` promises: the layer's forward and backward, captured once, replayed on
+    new bottoms and top diffs (and its random state, for Dropout), give what they give when run eagerly."""
+    cp = __import__("cupy")
+    one = _OneLayer(cp, proto, bottoms, options)
+    one.feed()
+    one.passes()  # warm-up: buffers, masks, the fused loss's workspace
+    if one.layer.capture_refusal() is not None:
+        pytest.skip(f"{one.layer.type} refuses capture: {one.layer.capture_refusal()}")
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream, cp.cuda.using_allocator(cp.cuda.MemoryPool().malloc):
+        stream.begin_capture()
+        one.passes()
+        graph = stream.end_capture()
+    one.feed()
+    inputs = [array.copy() for array in one.inputs()]
+    graph.launch(stream)
+    replayed = one.results()
+    for array, saved in zip(one.inputs(), inputs):
+        array[...] = saved
+    one.clear()
+    one.passes()
+    for got, want in zip(replayed, one.results()):
+        numpy.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+HINGE_NET = """
+layer { name: "feed" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 4 dim: 6 } shape { dim: 4 } } }
+layer { name: "fc" type: "InnerProduct" bottom: "data" top: "fc"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "HingeLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+
+
+def test_a_bad_label_in_a_replayed_iteration_is_reported_at_the_next_fetch(nvmath_stand_in, monkeypatch):
+    """The labels' check stays on the device (DeferredLabelCheck) and a graph adds to it in place: a label out of
+    range two replays before the step's fetch is still the error the fetch raises."""
+    from scaffe import io as sio
+    from scaffe.proto import caffe_pb2
+    from scaffe.solvers.callbacks import SolverCallback
+    cupy = __import__("cupy")
+    monkeypatch.setenv("SCAFFE_CAPTURE", "1")
+    param = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0,
+                                      snapshot_after_train=False)
+    param.net_param.CopyFrom(sio.parse_net_text(HINGE_NET))
+    solver = create_solver(param, net_kwargs={"xp": cupy})
+    data, label = solver.net.blobs["data"], solver.net.blobs["label"]
+    data.data[...] = cupy.asarray(numpy.random.default_rng(0).standard_normal((4, 6)).astype(numpy.float32))
+    batches = {}  # iteration -> its labels, fed by a callback (it runs at every replay, between the graphs)
+
+    class Labels(SolverCallback):
+        def on_start(self):
+            label.data[...] = cupy.asarray(numpy.array(batches.get(solver.iter, [0, 1, 2, 1]), numpy.float32))
+    solver.callbacks.append(Labels())
+    solver.step(4)  # two eager iterations, the capture, one replay
+    assert solver.capture.recording is not None and solver.net.layer("loss").capture_refusal() is None
+    batches[4] = [0, 7, 2, 1]
+    with pytest.raises(ValueError, match="layer 'loss': label 7 is outside 0..2"):
+        solver.step(3)  # fetches the loss, and the labels' check, at its last iteration only

@@ -381,7 +381,10 @@ class ndarray:
         index = _index(key)
         if _is_advanced(index):  # a gather kernel; basic indexing makes a view
             return wrap(_stand_in.run(lambda: self._array[index]))
-        return wrap(self._array[index])
+        view = self._array[index]
+        if isinstance(view, numpy.generic):  # numpy copies out a scalar where cupy gives a 0-d view of the element
+            view = self._array[(index if isinstance(index, tuple) else (index,)) + (Ellipsis,)]
+        return wrap(view)
 
     def __setitem__(self, key, value):
         index = _index(key)

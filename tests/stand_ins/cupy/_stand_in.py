@@ -10,8 +10,8 @@ CUDA graphs launched (each also one of `launches`).
 
 Stream capture (cupy.cuda.Stream.begin_capture) is as strict as CUDA's: work queued on a capturing stream is
 recorded for the graph and computes nothing (the stand-in computes it, so that results have their shapes, and
-puts every device array back as it was when the capture ends; arrays made during the capture hold NaN or
-0xA5 bytes); a host sync or a pageable upload on it raises, as cupy's cuBLAS does.
+puts every device array back as it was when the capture ends; arrays made during the capture hold NaN,
+their type's largest integer or True); a host sync or a pageable upload on it raises, as cupy's cuBLAS does.
 """
 import collections
 import ctypes

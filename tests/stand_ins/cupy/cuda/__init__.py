@@ -245,8 +245,10 @@ class _Capture:
             if key not in self.saved and root.size:
                 if root.dtype.kind in "fc":
                     root[...] = numpy.nan
+                elif root.dtype.kind in "iu":
+                    root[...] = numpy.iinfo(root.dtype).max
                 else:
-                    root.view(numpy.uint8).reshape(-1)[...] = 0xA5
+                    root[...] = True
         return Graph(self.work)
 
 
