@@ -4,6 +4,7 @@ Forward is the convolution's data-gradient pass (GEMM then col2im), backward's d
 convolution forward, and the weight gradient is the convolution's weight gradient with the roles of
 input and output swapped. Weights are (input channels, num_output / group, kh, kw), as in Caffe.
 """
+from kernels import blas
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import param_grad_wanted
 from scaffe.layer_impls.convolution import _ConvolutionBase
@@ -12,6 +13,9 @@ from scaffe.layer_impls.convolution import _ConvolutionBase
 @register
 class DeconvolutionLayer(_ConvolutionBase):
     type = "Deconvolution"
+
+    def capture_refusal(self):
+        return blas.capture_refusal()  # its GEMMs (the im2col engine's)
 
     def weight_shape(self, channels):
         return (channels, self.num_output // self.group)
