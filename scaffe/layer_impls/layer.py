@@ -35,7 +35,8 @@ class Layer:
 
     # Why this layer's GPU forward and backward cannot be replayed from a CUDA graph (scaffe.capture), or
     # None where they can: device work only, on buffers and with kernel arguments that stay the same from
-    # one iteration to the next, no host reads, no random draws. A layer says None once checked.
+    # one iteration to the next, no host reads, accumulators kept in place. A layer says None once checked:
+    # tests/scaffe/test_capture.py replays its gradient cases on new inputs against eager passes.
     capture_refusal_reason = "not checked for CUDA graph capture"
     def capture_refusal(self):
         """`capture_refusal_reason`, for layers whose answer does not depend on how they were set up."""
