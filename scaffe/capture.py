@@ -160,7 +160,7 @@ class CapturedIteration:
             self.warmup -= 1
             return None
         if self.recording is not None:
-            why = self._refusal()  # something added since the capture (a timeline) may refuse it now
+            why = self._solver_refusal()  # something added since the capture (a timeline) may refuse it now
             if why is not None:
                 self.recording = None
                 self._turn_off(why)
@@ -179,7 +179,7 @@ class CapturedIteration:
 
     # ------------------------------------------------------------ capture and self-check
 
-    def _refusal(self):
+    def _solver_refusal(self):
         solver = self.solver
         if getattr(solver, "flat", None) is None or not hasattr(solver, "update_parameters"):
             return "the solver keeps its learnables in no flat buffers (blobs of mixed types)"
@@ -193,7 +193,7 @@ class CapturedIteration:
         """Captures the iteration and checks it (see the module's docstring); False where capture is off now.
         The eager half of the check runs first, so that what an iteration compiles or allocates for the first
         time (the update kernel's `from_device` twin) happens before the capture, not in it."""
-        why = self._refusal()
+        why = self._solver_refusal()
         if why is not None:
             self._turn_off(why)
             return False

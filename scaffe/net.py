@@ -497,21 +497,27 @@ class Net(Closing):
             for hook in self.param_needed_hooks:
                 self.run_step(HOST, hook, i)
             record = self.layer_records[i]
-            self.run_step(record, self._forward_layer, i, record)
+            self.run_step(record, self._timed, i, "forward", self._forward_layer, record)
             if record.loss_tops:
                 self.run_step(None, self._add_loss, record)
         return self._loss
 
-    def _forward_layer(self, i, record):
+    def _timed(self, i, phase, work, record):
+        """work(record), layer `i`'s `phase`; the layer_timed hooks, if any, get its interval."""
         timed = self.layer_timed_hooks
-        if timed:
-            began = self.stamp()
+        if not timed:
+            work(record)
+            return
+        began = self.stamp()
+        work(record)
+        ended = self.stamp()
+        for hook in timed:
+            hook(i, phase, began, ended)
+
+    @staticmethod
+    def _forward_layer(record):
         record.layer.reshape(record.bottoms, record.tops)
         record.layer.forward(record.bottoms, record.tops)
-        if timed:
-            ended = self.stamp()
-            for hook in timed:
-                hook(i, "forward", began, ended)
 
     def _add_loss(self, record):
         for top_id, w in record.loss_tops:
@@ -550,19 +556,9 @@ class Net(Closing):
         for i in range(start, end - 1, -1):
             record = self.layer_records[i]
             if record.need_backward:
-                self.run_step(record, self._timed_backward, i, record)
+                self.run_step(record, self._timed, i, "backward", self._backward_layer, record)
             for hook in self.grads_ready_hooks:
                 self.run_step(HOST, hook, i)
-
-    def _timed_backward(self, i, record):
-        timed = self.layer_timed_hooks
-        if timed:
-            began = self.stamp()
-        self._backward_layer(record)
-        if timed:
-            ended = self.stamp()
-            for hook in timed:
-                hook(i, "backward", began, ended)
 
     def clock(self):
         """perf_counter() once the work queued so far is done: a GPU runs layers asynchronously, so

@@ -13,9 +13,8 @@ NVIDIA's cuDNN frontend installed, Convolution runs through cuDNN instead (kerne
 """
 import numpy
 
-from kernels import cudnn_conv
+from kernels import blas, cudnn_conv
 from kernels.backend import get_array_module
-from kernels import blas
 from kernels.blas import product
 from kernels.im2col import col2im, conv_output_size, im2col
 from scaffe.layer_impls import register

@@ -12,6 +12,7 @@ from scaffe.proto import caffe_pb2
 @register
 class DropoutLayer(NeuronLayer):
     type = "Dropout"
+    needs_input = False
 
     def capture_refusal(self):
         if self.phase == caffe_pb2.TRAIN and not self.random_state():
@@ -23,7 +24,6 @@ class DropoutLayer(NeuronLayer):
         advances it there, so a graph that replays the draw draws a new mask."""
         state = getattr(getattr(getattr(self, "device_rng", None), "bit_generator", None), "_state", None)
         return [] if state is None else [state]
-    needs_input = False
 
     def setup(self, bottom, top):
         self.ratio = float(self.param.dropout_param.dropout_ratio)

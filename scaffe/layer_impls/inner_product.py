@@ -1,7 +1,7 @@
 """InnerProduct layer (Caffe's "InnerProduct"): y = x W^T + b over the axes from `axis` on, one GEMM; the
 parameter gradients accumulate in one BLAS call each (kernels.blas)."""
-from kernels.backend import get_array_module
 from kernels import blas
+from kernels.backend import get_array_module
 from kernels.blas import add_column_sums, add_product, product
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import canonical_axis, count, filled_blob, param_grad_wanted
@@ -11,11 +11,11 @@ from scaffe.layer_impls.layer import Layer
 @register
 class InnerProductLayer(Layer):
     type = "InnerProduct"
+    exact_num_bottom = 1
+    exact_num_top = 1
 
     def capture_refusal(self):
         return blas.capture_refusal()
-    exact_num_bottom = 1
-    exact_num_top = 1
 
     def setup(self, bottom, top):
         ip = self.param.inner_product_param

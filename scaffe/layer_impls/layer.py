@@ -38,6 +38,7 @@ class Layer:
     # one iteration to the next, no host reads, accumulators kept in place. A layer says None once checked:
     # tests/scaffe/test_capture.py replays its gradient cases on new inputs against eager passes.
     capture_refusal_reason = "not checked for CUDA graph capture"
+
     def capture_refusal(self):
         """`capture_refusal_reason`, for layers whose answer does not depend on how they were set up."""
         return self.capture_refusal_reason
