@@ -205,8 +205,8 @@ class CapturedIteration:
         self.pool = xp.cuda.MemoryPool()
         self.scalars = xp.zeros(len(self._scalar_values(0.0)), dtype=numpy.float32)
         prepare_capture(xp)  # the captured GEMMs' cuBLAS handle, where nvmath-python is installed
-        compared, blobs = self._state()
-        arrays = [array for _, array in compared + blobs]
+        compared, written = self._state()
+        arrays = [array for _, array in compared] + written
         before = [array.copy() for array in arrays]
         self._upload_scalars()
         self.net.tape = _Eager(with_hooks=False, failed=self.failed)
@@ -280,9 +280,10 @@ class CapturedIteration:
         self.scalars.set(self._scalar_values(self.solver.get_learning_rate()))
 
     def _state(self):
-        """(name, device array) of what an iteration writes: the compared ones, then the net's blobs, the
-        layers' own (BatchNorm's statistics, where they are not learnables) and their random generators'
-        state, so that both halves of the self-check draw the same masks and training draws what it would."""
+        """What an iteration writes: (name, device array) of the compared ones, and the other device arrays: the
+        net's blobs, the layers' own (BatchNorm's statistics, where they are not learnables) and their random
+        generators' state, so that both halves of the self-check draw the same masks and training draws what
+        it would."""
         flat = self.solver.flat
         compared = [("the parameters", flat.data), ("the gradients", flat.diff)]
         compared += [(f"history {k}", h) for k, h in enumerate(flat.history)]
@@ -290,7 +291,7 @@ class CapturedIteration:
         blobs += [blob for layer in self.net.layers for blob in layer.blobs]
         written = [array for blob in blobs for array in (blob.data, blob.diff)]
         written += [array for layer in self.net.layers for array in layer.random_state()]
-        return compared, [(None, array) for array in written]
+        return compared, written
 
     @staticmethod
     def _results(loss, compared):
@@ -326,7 +327,6 @@ class CapturedIteration:
                 entry.run()
         loss = self.loss if isinstance(self.loss, float) else self.loss.copy()
         return self.solver.check_loss(loss) if fetch else loss
-
 
     def _moved(self, steps):
         """The name of the first of these input steps' layers that moved or reshaped a top blob, or None."""
