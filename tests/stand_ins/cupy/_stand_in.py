@@ -11,7 +11,8 @@ CUDA graphs launched (each also one of `launches`).
 Stream capture (cupy.cuda.Stream.begin_capture) is as strict as CUDA's: work queued on a capturing stream is
 recorded for the graph and computes nothing (the stand-in computes it, so that results have their shapes, and
 puts every device array back as it was when the capture ends; arrays made during the capture hold NaN,
-their type's largest integer or True); a host sync or a pageable upload on it raises, as cupy's cuBLAS does.
+their type's largest integer or True); a host sync or a pageable upload on it raises, as in CUDA, and so
+do cuBLAS calls, as in cupy.
 """
 import collections
 import ctypes
@@ -19,7 +20,8 @@ import threading
 import weakref
 
 counters = collections.Counter()
-_live = weakref.WeakValueDictionary()  # id -> every live device array, so that a capture can put device memory back as it found it
+# id -> every live device array, so that a capture can put device memory back as it found it
+_live = weakref.WeakValueDictionary()
 _local = threading.local()  # the thread's allocator (cupy.cuda.using_allocator); None: cupy's shared pool
 CAPTURE_ERROR = "cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing"
 
@@ -64,7 +66,7 @@ def view(compute):
     the copy as the kernel cupy would have launched."""
     result = compute()
     capture = capturing()
-    if capture is not None and capture._fresh(result):
+    if capture is not None and capture.made_during(result):
         return capture.record(compute, result)
     return result
 

@@ -223,14 +223,15 @@ class _Capture:
         self.work = []
         self.saved = {key: (root, root.copy()) for key, root in _stand_in.live_roots().items()}
 
-    def _fresh(self, result):
+    def made_during(self, result):
+        """Whether `result` is memory allocated during this capture."""
         return isinstance(result, numpy.ndarray) and id(_stand_in.storage_root(result)) not in self.saved
 
     def record(self, compute, result):
         if isinstance(result, numpy.generic):  # a reduction's scalar: the 0-d device array cupy would give
             result = numpy.asarray(result)
         for part in result if isinstance(result, tuple) else (result,):
-            if self._fresh(part) and _stand_in.shared_pool():
+            if self.made_during(part) and _stand_in.shared_pool():
                 raise RuntimeError("cupy stand-in: an array was allocated during stream capture from cupy's shared "
                                    "pool, which hands it out again after the capture while the graph still writes "
                                    "it; allocate from a pool of the graph's own (cupy.cuda.using_allocator)")
