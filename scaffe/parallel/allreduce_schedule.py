@@ -131,15 +131,16 @@ class AllreduceSchedule(Schedule):
         label = ("gradients", layers) if self._pending else None
         if self._pending and not held:
             self._budget.started()
-        request = self.order.start(lambda stream: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
-                                   after=self.order.mark(), label=label)
+        request = self.start(self.comm,
+                             lambda stream: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
+                             after=self.order.mark(), label=label)
         step = (self.solver.get_learning_rate(), self.solver.iter) if held else None
         buckets.append(Bucket(flat, layout, request, step))
         self._pending, self._pending_bytes = [], 0
         if final and not flags_inside:
             self._flags = numpy.array(self._flags_and_budget(), numpy.int64)
-            self._flags_request = self.order.start(  # host flags: nothing to order after
-                lambda _: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
+            self._flags_request = self.start(  # host flags: nothing to order after
+                self.comm, lambda _: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
     def _flags_and_budget(self):
         """This rank's request flags, then rank 0's budget for the backwards to come (0 from the others)."""

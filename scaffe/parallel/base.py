@@ -1,11 +1,11 @@
 """What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers,
 and the ranks' agreement on stop/snapshot requests."""
-from mpi4py import MPI
 
 from collectives import events
 from scaffe import timeline
 from scaffe.parallel.pieces import layer_pieces
-from scaffe.parallel.streams import order_for, requests_of
+from scaffe.parallel.streams import order_for
+from scaffe.parallel.window import Windows
 from scaffe.solvers.callbacks import SolverCallback
 from scaffe.solvers.signals import EFFECTS, request_flags
 
@@ -22,6 +22,7 @@ class Schedule(SolverCallback):
         self.params = self.net.learnable_params
         self.xp = self.net.xp
         self.order = order_for(self.net)  # when collectives may read what the compute produced
+        self.windows = Windows(self.order)  # how many may be in flight on each communicator
         self.passes = 0
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
@@ -90,16 +91,17 @@ class Schedule(SolverCallback):
                 return
             yield entry
 
-    @staticmethod
-    def wait_all(requests, what, layer_id=None):
-        """MPI.Request.Waitall(requests); a recording timeline shows it as a wait for `what`."""
-        # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a
-        # null request and a generalized one still in progress.
-        requests = [request for request in requests_of(requests) if request]
-        if not requests:
+    def start(self, comm, work, after=None, label=None):
+        """Start collective `work(stream)` on `comm` once event `after` has completed and `comm` has room for
+        it (scaffe.parallel.window); returns its handle for `wait_all` and `arrived`."""
+        return self.windows.start(comm, work, after, label)
+
+    def wait_all(self, requests, what, layer_id=None):
+        """Wait for `requests` (handles of `start`, or None); a recording timeline shows it as a wait for `what`."""
+        if not any(request is not None for request in requests):
             return
         with timeline.waiting(what, layer_id):
-            MPI.Request.Waitall(requests)
+            self.windows.wait(requests)
 
     @staticmethod
     def buffer(array):

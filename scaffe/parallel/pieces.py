@@ -60,6 +60,13 @@ class Piece:
         self.segments, self.data, self.diff, self.span, self.layers = segments, data, diff, span, layers
         self.index, self.count = 0, 1
 
+    @property
+    def key(self):
+        """The piece's identity, the same on every rank and every iteration: its span in the flat buffers, or,
+        without them, its element ranges (a piece is then within one blob). Its staging buffer, its requests
+        and its update are keyed by this; `index` is only a name (every joined message is index 0)."""
+        return self.span if self.span is not None else self.segments
+
     def label(self, carries):
         """What a collective of this piece carries, for the timeline (collectives.events.labelled)."""
         if self.count == 1:

@@ -71,7 +71,7 @@ class SCaffeSchedule(Schedule):
         self._updated = 0
         self._held = []        # pieces whose reduce starts after backward
         self._incoming = {}    # layer index -> requests of held pieces that the next forward waits for
-        self._staging = {}     # (layers, piece index) -> where a held piece's gradient waits
+        self._staging = {}     # piece key -> where a held piece's gradient waits
         self._sent = 0         # bytes of gradients reduced during this backward
         self._limit = None     # this backward's budget, once the root's has arrived
         self.held_updates_in_forward = 0  # the root's updates of held pieces made during a forward
@@ -90,8 +90,8 @@ class SCaffeSchedule(Schedule):
             return
         ready = self.order.mark()  # the root's initial parameters, as the compute stream left them
         for layer_id, data in self.parameters_by_layer():
-            self._bcasts.setdefault(layer_id, []).append(self.order.start(
-                lambda stream, data=data: self.propagation.Ibcast(data, root=self.root, stream=stream), after=ready,
+            self._bcasts.setdefault(layer_id, []).append(self.start(
+                self.propagation, lambda stream, data=data: self.propagation.Ibcast(data, root=self.root, stream=stream), after=ready,
                 label=("parameters", (layer_id,))))
         self.synced = True
 
@@ -189,17 +189,17 @@ class SCaffeSchedule(Schedule):
         held = sorted(self._held, key=lambda piece: piece.layers[0])  # stable: a layer's pieces stay in order
         self._held = []
         for piece in held:
-            staged = self._staging.get((piece.layers, piece.index))
+            staged = self._staging.get(piece.key)
             if staged is None:
-                staged = self._staging[piece.layers, piece.index] = self.xp.empty_like(piece.diff)
+                staged = self._staging[piece.key] = self.xp.empty_like(piece.diff)
             staged[...] = piece.diff
         copied = self.order.mark() if held else None
         step = (self.solver.get_learning_rate(), self.solver.iter) if self.rank == self.root and held else None
         for piece in held:
-            request = self._reduce(piece, self._staging[piece.layers, piece.index], copied, step)
+            request = self._reduce(piece, self._staging[piece.key], copied, step)
             if self.rank != self.root:
-                bcast = self.order.start(
-                    lambda stream, piece=piece: self.propagation.Ibcast(piece.data, root=self.root, stream=stream),
+                bcast = self.start(
+                    self.propagation, lambda stream, piece=piece: self.propagation.Ibcast(piece.data, root=self.root, stream=stream),
                     after=copied, label=piece.label("parameters"))
                 self._incoming.setdefault(piece.layers[0], []).extend([request, bcast])
 
@@ -223,7 +223,7 @@ class SCaffeSchedule(Schedule):
         else:
             work = lambda stream: self.comm.Ireduce(buffer, None, op=MPI.SUM, root=self.root,  # noqa: E731
                                                     stream=stream)
-        request = self.order.start(work, after=after, label=piece.label("gradients"))
+        request = self.start(self.comm, work, after=after, label=piece.label("gradients"))
         if self.rank == self.root:
             self._budget.started()
             self._reduces.append((piece, None if buffer is piece.diff else buffer, step, request))
@@ -253,8 +253,8 @@ class SCaffeSchedule(Schedule):
 
     def _propagate(self, piece, after):
         """Broadcast the parameters of `piece` once event `after` has completed."""
-        request = self.order.start(
-            lambda stream: self.propagation.Ibcast(piece.data, root=self.root, stream=stream), after=after,
+        request = self.start(
+            self.propagation, lambda stream: self.propagation.Ibcast(piece.data, root=self.root, stream=stream), after=after,
             label=piece.label("parameters"))
         self._propagating.append((piece.layers, request))
 
@@ -265,10 +265,10 @@ class SCaffeSchedule(Schedule):
         if self.rank == self.root:
             self._flags_down[:self.flag_count] = self._flags_up
             self._flags_down[self.flag_count] = self._budget.value
-        self._announce = self.order.start(lambda _: self.comm.Ibcast(self._flags_down, root=self.root))  # host flags
+        self._announce = self.start(self.comm, lambda _: self.comm.Ibcast(self._flags_down, root=self.root))  # host flags
 
     def _gather_requests(self):
         self._flags_up[:] = self.local_flags()
         send = MPI.IN_PLACE if self.rank == self.root else self._flags_up
         recv = self._flags_up if self.rank == self.root else None
-        self._flags_reduce = self.order.start(lambda _: self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))
+        self._flags_reduce = self.start(self.comm, lambda _: self.comm.Ireduce(send, recv, op=MPI.SUM, root=self.root))

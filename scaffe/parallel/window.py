@@ -1,0 +1,127 @@
+"""At most SCAFFE_REQUESTS_IN_FLIGHT of a schedule's collectives in flight on each communicator.
+
+A schedule may start hundreds of small collectives in one backward (a layer cut into small pieces, messages
+of one piece): MPICH over UCX hung with about 200 small Ibcasts outstanding whose root posted late
+(plain mpi4py reproduces it). So each communicator gets a window: a collective beyond it waits in a FIFO
+queue and starts, in the order it was asked for, when an earlier one of its communicator has completed.
+Starting never blocks: a rank that blocked there could be the one another rank waits for (the S-Caffe
+root posts a piece's broadcast only after its update, which needs the reduces of the others, who may be
+waiting for room on their propagation communicator).
+
+Every wait of a schedule goes through `Windows.wait`: while what it waits for is not complete, it starts
+whatever has room on any communicator and blocks until the oldest collective of some communicator
+completes. A rank blocked on one communicator with a collective queued on another could otherwise wait
+for a rank that waits for that queued one. Completion within a communicator is in start order
+(collectives.progress runs each communicator's calls in turn), so the oldest is the one to watch.
+"""
+import collections
+
+from mpi4py import MPI
+
+from collectives.settings import positive_int
+from scaffe.parallel.streams import Started
+
+# Measured in perf/RESULTS.md ("Requests in flight"): LeNet cut into 20000-byte messages (about 160 a
+# backward per communicator) is as fast at 32 as unbounded; 16 cost 8%, 4 cost 1.8x.
+REQUESTS_IN_FLIGHT = 32
+
+
+def requests_in_flight():
+    """SCAFFE_REQUESTS_IN_FLIGHT: the most collectives a schedule has started and not seen complete, per
+    communicator (default 32)."""
+    return positive_int("SCAFFE_REQUESTS_IN_FLIGHT", REQUESTS_IN_FLIGHT)
+
+
+class Posted:
+    """A collective asked of a window: `handle` is its request (MPI's, or a streams.Started) once started."""
+    __slots__ = ("handle", "_start", "_window")
+
+    def __init__(self, start, window):
+        self._start, self._window, self.handle = start, window, None
+
+    def Test(self):
+        """MPI's Test, starting what has room first: False while this one is queued."""
+        self._window.advance()
+        return self.handle is not None and self.handle.Test()
+
+
+class Window:
+    """One communicator's collectives: the started ones not yet seen complete, then the queued ones."""
+    __slots__ = ("limit", "flight", "queued")
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.flight = collections.deque()
+        self.queued = collections.deque()
+
+    def advance(self):
+        """Forget the completed collectives at the front; start queued ones while there is room."""
+        flight, queued = self.flight, self.queued
+        while flight and flight[0].handle.Test():
+            flight.popleft()
+        while queued and len(flight) < self.limit:
+            posted = queued.popleft()
+            posted.handle = posted._start()
+            flight.append(posted)
+
+    def oldest(self):
+        """The MPI request of the oldest collective still in flight, or None."""
+        if not self.flight:
+            return None
+        handle = self.flight[0].handle
+        return handle.request() if isinstance(handle, Started) else handle
+
+
+class Windows:
+    """A schedule's windows, one per communicator, over `order` (scaffe.parallel.streams), which starts
+    each collective after the events it must follow."""
+
+    def __init__(self, order, limit=None):
+        self.order = order
+        self.limit = requests_in_flight() if limit is None else limit
+        self._windows = {}  # id of a communicator (kept alive by its schedule) -> Window
+
+    def start(self, comm, work, after=None, label=None):
+        """`order.start(work, after, label)` (a collective on `comm`) now, or once `comm` has room; returns
+        its Posted. Every collective of `comm` must come through here, so that all start in program order."""
+        window = self._windows.get(id(comm))  # mpi4py communicators are not hashable
+        if window is None:
+            window = self._windows[id(comm)] = Window(self.limit)
+        posted = Posted(lambda: self.order.start(work, after, label), window)
+        window.queued.append(posted)
+        window.advance()
+        return posted
+
+    def wait(self, handles):
+        """Until every request of `handles` (Posted, MPI requests or Started) has completed, keeping every
+        window moving."""
+        handles = [handle for handle in handles if handle is not None]
+        while True:
+            for window in self._windows.values():
+                window.advance()
+            if not any(window.queued for window in self._windows.values()):
+                break  # everything asked for has started: MPI's own Waitall suffices
+            if all(_started(handle) and _request(handle).Test() for handle in handles):
+                return
+            oldest = [request for request in (window.oldest() for window in self._windows.values()) if request]
+            MPI.Request.Waitany(oldest)
+        requests = [request for request in map(_request, handles) if request]
+        # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a null
+        # request and a generalized one still in progress.
+        if requests:
+            MPI.Request.Waitall(requests)
+
+    def drained(self):
+        """Whether nothing is queued: a blocking collective may then be called without breaking the order."""
+        return not any(window.queued for window in self._windows.values())
+
+
+def _started(handle):
+    return not isinstance(handle, Posted) or handle.handle is not None
+
+
+def _request(handle):
+    """The MPI request behind a started handle."""
+    if isinstance(handle, Posted):
+        handle = handle.handle
+    return handle.request() if isinstance(handle, Started) else handle
