@@ -36,6 +36,22 @@ On a GPU a piece is a slice of the solver's flat buffers, the root's update of a
 layer's backward, or after the root's update of it): scaffe.parallel.streams. The next iteration's
 layer i forward waits on the device for the event that marks layer i's parameters.
 
+The state, and the orders it keeps (each rank's own program order is what MPI matches collectives by):
+- A piece of work is a message of scaffe.parallel.pieces; its `key` (its span in the flat buffers) is its
+  identity: a held piece's gradient is staged under it, so no two messages share a staging buffer.
+- `comm` carries, in this order on every rank: the flags' Ibcast (on_start), the reduces of the pieces
+  that fit the budget in backward order (every rank knows the root's budget before its first piece:
+  `_backward_limit`), the flags' Ireduce with the last layer's, then the held pieces' reduces, lowest
+  layer first. `propagation` carries the first iteration's Ibcasts per layer, then one Ibcast per piece
+  in the order of the reduces: the others post theirs right after their reduces, and the root after its
+  updates, which follow the reduces' order (`_reduces`, the root's, in start order, `_updated` of them done).
+- Neither order may depend on timing, only on the pieces and the budget; no rank ever blocks in starting a
+  collective (scaffe.parallel.window bounds those in flight on each communicator and every wait keeps
+  both moving), since the root's broadcasts wait for reduces that the others may have queued.
+- A held piece of iteration t is updated (root) or received (`_incoming`, the others) before its lowest
+  layer's forward in t+1, so its staging buffer is free again when t+1's backward ends and `_start_held`
+  writes it; `_propagating` is empty at the end of every iteration and `_bcasts` after the first.
+
 Stop/snapshot requests: each rank's flags go to the root in a tiny Ireduce started with the last
 layer's gradient reduce; the root passes their sum on in a tiny Ibcast started first in the next
 on_start, with the budget of that iteration's backward (every rank holds back the same pieces). Every rank waits for both with the other collectives and acts on the broadcast sum at
