@@ -238,29 +238,31 @@ def _solver_param(args):
               "bucketed allreduce (every rank updates) or native (MPI Allreduce after backward, "
               "no overlap: a baseline)"),
     flag("--timeline", default="", help="write a Chrome trace of training here (all ranks, one file; "
-                                        "open in ui.perfetto.dev) and log the hidden communication")))
+                                        "open in ui.perfetto.dev) and log the hidden communication"),
+    flag("--compute-profile", dest="compute_profile", default="",
+         help="model the compute instead of running it: k80, v100, h100 or a `caffe time` log "
+              "(also SCAFFE_COMPUTE_PROFILE; scaffe.modelled)")))
 def _train(args):
-    from scaffe.parallel.launch import launcher_local_rank, make_distributed, node_local_rank, quiet_non_root, world
-    from scaffe.solvers import create_solver
+    from scaffe.parallel.launch import launcher_local_rank, node_local_rank, quiet_non_root, world
     from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
     from scaffe.solvers.solver import test_output_keys
     param = _solver_param(args)
     keep_sighup_from_ucx()  # before MPI starts (world() below)
+    from scaffe.modelled.solver import compute_profile_setting
+    profile = compute_profile_setting(args.compute_profile)  # a modelled run uses no device
     # The GPU is picked before MPI starts (CUDA-aware MPIs want that) where the launcher gives the local
     # rank; a launcher that does not is asked through MPI's node split.
     local_rank = launcher_local_rank()
     if local_rank is None:
         local_rank = node_local_rank(world()[0])
-    xp = _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU, param.device_id,
-                        local_rank)
+    xp = None if profile else _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU,
+                                             param.device_id, local_rank)
     handler = SignalHandler(args.sigint_effect, args.sighup_effect)
-    csv_log = solver = timeline = None
+    csv_log = solver = timeline = report = None
     comm, rank, size = world()
     quiet_non_root(rank)
     try:
-        solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp}, root_solver=rank == 0)
-        if size > 1:
-            make_distributed(solver, comm, args.schedule)
+        solver, report = _training_solver(args, param, profile, xp, comm)
         if args.timeline:
             from scaffe.timeline import Timeline
             timeline = Timeline(solver, comm)
@@ -275,6 +277,8 @@ def _train(args):
             solver.restore(args.snapshot)
         log.info("Starting Optimization")
         solver.solve()
+        if report is not None:
+            report.finish()
         log.info("Optimization Done.")  # caffe.cpp prints it again after Solver::Solve
         if timeline is not None:
             timeline.finish(args.timeline)
@@ -286,6 +290,26 @@ def _train(args):
             if resource is not None:
                 resource.close()
     return 0
+
+
+def _training_solver(args, param, profile, xp, comm):
+    """(the solver, the modelled run's report or None), made distributed under an MPI launcher: a modelled
+    solver (scaffe.modelled) with a compute profile, else one on array module `xp`."""
+    from scaffe.parallel.launch import make_distributed
+    from scaffe.solvers import create_solver
+    rank, size = comm.Get_rank(), comm.Get_size()
+    report = None
+    if profile:
+        from scaffe.modelled.solver import modelled_solver
+        solver = modelled_solver(param, profile, source=args.solver, rank=rank, size=size)
+    else:
+        solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp}, root_solver=rank == 0)
+    if size > 1:
+        make_distributed(solver, comm, args.schedule)
+    if profile:
+        from scaffe.modelled.solver import ModelledReport
+        report = ModelledReport(solver, comm if size > 1 else None)
+    return solver, report
 
 
 # ---------------------------------------------------------------- test

@@ -110,7 +110,7 @@ def share_testing(solver, comm):
 def training_records(net):
     """Records in the training data (the first data layer's database or HDF5 files), or None."""
     for layer in net.layers:
-        if layer.type == "Data":
+        if layer.type == "Data" and hasattr(layer, "database"):  # a modelled net's layers have none
             return len(layer.database)
         if layer.type == "HDF5Data":
             import h5py

@@ -1,0 +1,98 @@
+"""The compute model (scaffe.modelled): modelled runs of a small net over 2 ranks with every schedule, their
+checks of every reduced sum and propagated parameter, and the shapes and times they model."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MPIEXEC = Path(sys.executable).with_name("mpiexec")
+
+# A worker: LeNet's solver, modelled on a k80, 2 ranks; argv: schedule, then "plant" to make rank 1's
+# gradient of blob 4 (ip1's weights) wrong in iteration 3, or "silent" for a run that must pass its checks.
+WORKER = """
+import sys
+from mpi4py import MPI
+import collectives
+from scaffe.modelled import values
+from scaffe.modelled.solver import modelled_solver
+from scaffe.parallel.launch import make_distributed
+from scaffe.solvers import read_solver_file
+collectives.install_abort_hook()
+comm = MPI.COMM_WORLD
+schedule, mode = sys.argv[1], sys.argv[2]
+if mode == "plant":
+    right = values.gradient
+    values.gradient = lambda rank, t, pid: right(rank, t, pid) + (1.0 if (rank, t, pid) == (1, 3, 4) else 0.0)
+param = read_solver_file("examples/mnist/lenet_solver.prototxt")
+param.max_iter, param.display = 6, 0
+solver = modelled_solver(param, "k80", source="examples/mnist/lenet_solver.prototxt", rank=comm.rank,
+                         size=comm.size)
+make_distributed(solver, comm.Dup(), schedule)
+solver.solve()
+if mode == "silent" and comm.rank == 0:
+    sys.stdout.write(f"activations: {sum(blob.count for blob in getattr(solver.net, 'blobs_list', []))}\\n")
+sys.stdout.write(f"done {comm.rank} {solver.iter}\\n"); sys.stdout.flush()
+"""
+SETTINGS = {"SCAFFE_PIECE_BYTES": "60000", "SCAFFE_MESSAGE_BYTES": "120000", "SCAFFE_BACKWARD_BYTES": "100000",
+            "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from scaffe.tools.convert_mnist import ensure_mnist_lmdb
+    ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
+
+
+def _run(schedule, mode):
+    return subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-c", WORKER, schedule, mode], cwd=ROOT,
+                          env=dict(os.environ, **SETTINGS), capture_output=True, text=True, timeout=120,
+                          start_new_session=True)
+
+
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce", "native"])
+def test_modelled_run_checks_every_sum(mnist, schedule):
+    """Held messages, pieces and every schedule: all sums and parameters as expected for 6 iterations; the net
+    holds no activations."""
+    done = _run(schedule, "silent")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "activations: 0" in done.stdout
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("done")) == ["done 0 6", "done 1 6"]
+
+
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+def test_planted_wrong_gradient_stops_the_run(mnist, schedule):
+    """One rank's gradient of one blob off by 1 in one iteration: the run stops with one line naming the
+    layer, the piece, the rank that checked and the iteration."""
+    done = _run(schedule, "plant")
+    assert done.returncode != 0
+    line = next((line for line in done.stderr.splitlines() if "ModelCheckError: " in line), "")
+    assert "layer 'ip1' blob 4 piece [" in line and "gradient of iteration 3" in line, done.stderr[-3000:]
+
+
+def test_shapes_and_the_gpu_models():
+    """AlexNet's and GoogLeNet's learnable values and forward FLOPs from their prototxts; the GPU models'
+    order: an h100 is faster than a v100, which is faster than a k80."""
+    import math
+    from perf.train_scaling import deploy_train_net
+    from scaffe.modelled.profile import ComputeProfile
+    from scaffe.modelled.shapes import layer_models
+    alexnet = layer_models(deploy_train_net("alexnet", 128))
+    assert sum(math.prod(shape) for layer in alexnet for shape, _, _ in layer.params) == 60965224
+    assert sum(layer.flops[0] for layer in alexnet) / 128 == pytest.approx(1.45e9, rel=0.02)  # 2 x 724 M MACs
+    googlenet = layer_models(deploy_train_net("googlenet", 32))
+    assert sum(math.prod(shape) for layer in googlenet for shape, _, _ in layer.params) == 6998552
+    times = [ComputeProfile(gpu, googlenet, 32, scale=1, dilation=1).iteration_seconds(googlenet, 6998552)
+             for gpu in ("k80", "v100", "h100")]
+    assert times[0] > times[1] > times[2] > 0
+
+
+def test_a_time_log_is_scaled_to_the_batch(tmp_path):
+    from scaffe.modelled.profile import read_time_log
+    log = tmp_path / "time.log"
+    log.write_text("I1128 caffe.cpp] Top shape: 10 1 28 28 (7840)\n"
+                   "I1128 caffe.cpp]      conv1\tforward: 2.5 ms.\nI1128 caffe.cpp]      conv1\tbackward: 4 ms.\n")
+    forward, backward = read_time_log(str(log), 40)
+    assert forward == {"conv1": pytest.approx(0.010)} and backward == {"conv1": pytest.approx(0.016)}
