@@ -112,11 +112,16 @@ def test_hundreds_of_small_messages_finish(mnist, tmp_path):
     iterations, ranks, batch = 3, 2, 32
     cases = [("scaffe", [])] * 9 + [("allreduce", [])]
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
+    _run(1, [str(WORKER), "scaffe", str(iterations), str(ranks * batch), str(single)])  # one rank: the same weights
     args = _case_args(cases)
-    _run(1, [str(WORKER), args[0], str(iterations), str(ranks * batch), str(single), *args[1:]])
     _run(ranks, [str(WORKER), args[0], str(iterations), str(batch), str(multi), *args[1:]], timeout=180,
          env={"SCAFFE_PIECE_BYTES": "20000", "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES, "SCAFFE_MESSAGE_BYTES": "1"})
-    _assert_same_weights(single, multi, cases)
+    a = numpy.load(single)
+    for k, case in enumerate(cases):
+        b = numpy.load(str(multi).replace(".npz", f".{k}.npz" if k else ".npz"))
+        for name in a.files:
+            scale = max(1.0, float(numpy.abs(a[name]).max()))
+            numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{k} {case} {name}")
 
 
 SHARE_CORES = """
