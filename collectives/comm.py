@@ -10,7 +10,7 @@ import itertools
 import numpy
 from mpi4py import MPI
 
-from collectives import algorithms, settings, stall
+from collectives import algorithms, settings, stall, waiting
 from collectives.algorithms import device as device_algorithm
 from collectives.algorithms.pipeline import ScratchPool
 from collectives.buffers import named_stream, parse, writable
@@ -340,7 +340,7 @@ class Comm(MPI.Intracomm):
 
         def finish():
             try:
-                request.Wait()
+                waiting.wait(request)
                 staging.copy_out()
             finally:
                 staging.release()

@@ -19,6 +19,7 @@ import threading
 
 from mpi4py import MPI
 
+from collectives import waiting
 from collectives.events import reported
 
 
@@ -59,7 +60,7 @@ class Progress:
         is then seen by the stall inspector. Without a thread it is `native_request` itself."""
         if not self.threaded:
             return native_request
-        return self.submit(native_request.Wait, name, nbytes)
+        return self.submit(lambda: waiting.wait(native_request), name, nbytes)
 
     def _enqueue(self, work, name, nbytes, completion):
         with self._lock:

@@ -17,6 +17,9 @@ SCAFFE_RANKS_PER_NODE   positive int        unset: the real       cut each host 
                                             nodes                 ranks (ranks_per_node)
 SCAFFE_CHECK            0 or 1 (not 0       0                     check that the ranks agree on counts, dtypes, ops
                         counts as 1)                              and roots (check)
+SCAFFE_WAIT             spin or nap         spin                  how a wait for MPI requests waits: MPI's own
+                                                                  wait, which spins, or Tests that yield the
+                                                                  core and nap (wait_policy; collectives.waiting)
 SCAFFE_STALL_S          seconds >= 0        60                    abort with a report when a collective has waited
                                                                   this long; 0: off (stall_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
@@ -71,6 +74,14 @@ def ranks_per_node():
 def check():
     """SCAFFE_CHECK: whether every collective first checks that the ranks agree on its arguments."""
     return os.environ.get("SCAFFE_CHECK", "0").strip() not in ("", "0")
+
+
+def wait_policy():
+    """SCAFFE_WAIT: how a rank waits for MPI requests, spin (MPI's own wait) or nap (collectives.waiting)."""
+    policy = os.environ.get("SCAFFE_WAIT", "").strip().lower() or "spin"
+    if policy not in ("spin", "nap"):
+        raise ValueError(f"SCAFFE_WAIT={policy!r} is not spin or nap")
+    return policy
 
 
 def stall_seconds():

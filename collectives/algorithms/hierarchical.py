@@ -5,6 +5,7 @@ root's receive buffer and never hops through another local rank.
 """
 from mpi4py import MPI
 
+from collectives import waiting
 from collectives.algorithms import chain, pipeline, tree
 from collectives.ops import native_reduces
 
@@ -53,7 +54,10 @@ def allreduce(comm, call):
         # (perf/RESULTS.md, "Across nodes").
         shm.reduce_scatter(call.send, call.recv, call.op_name)
         lo, hi = shm.owned_range(call.recv.shape[0], call.recv.dtype)
-        topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)
+        if waiting.napping():  # MPI's blocking Allreduce spins: its nonblocking twin lets the wait nap
+            waiting.wait(topo.column_comm.Iallreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op))
+        else:
+            topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)
         shm.allgather(call.recv)
         return
     shm.reduce(call.send, call.recv, call.op_name, target=0)

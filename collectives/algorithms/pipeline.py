@@ -6,8 +6,8 @@ parent without waiting for it to arrive. Each rank combines its own chunk first,
 in the order given, so the summation order is fixed by the shape alone.
 """
 import numpy
-from mpi4py import MPI
 
+from collectives.waiting import wait, wait_all
 from kernels.reduce import reduce_into
 
 _TAG = 7301
@@ -58,24 +58,24 @@ def reduce(comm, own, out, op, parent, children, chunk, scratch):
         post(c)
     for c, s in enumerate(pieces):
         width = s.stop - s.start
-        MPI.Request.Waitall(recvs.pop(c))
+        wait_all(recvs.pop(c))
         if parent is None:
             target = out[s]
         else:
             if sends[c % depth] is not None:
-                sends[c % depth].Wait()
+                wait(sends[c % depth])
             target = outbox[c % depth][:width]
         reduce_into(target, [own[s]] + [inbox[i][c % depth][:width] for i in range(len(children))], op)
         post(c + depth)
         if parent is not None:
             sends[c % depth] = comm.Isend(target, parent, _TAG)
-    MPI.Request.Waitall([r for r in sends if r is not None])
+    wait_all([r for r in sends if r is not None])
 
 
 def _reduce_leaf(comm, own, out, parent, pieces):
     """A rank without children sends its own chunks up, or (a tree of one) copies them to out."""
     if parent is not None:
-        MPI.Request.Waitall([comm.Isend(own[s], parent, _TAG) for s in pieces])
+        wait_all([comm.Isend(own[s], parent, _TAG) for s in pieces])
     elif out is not own:
         out[:] = own
 
@@ -95,8 +95,8 @@ def bcast(comm, buf, parent, children, chunk, on_chunk=None):
     else:
         recvs = [comm.Irecv(buf[s], parent, _TAG) for s in pieces]
         for c, s in enumerate(pieces):
-            recvs[c].Wait()
+            wait(recvs[c])
             sends.extend(comm.Isend(buf[s], child, _TAG) for child in children)
             if on_chunk is not None:
                 on_chunk(c + 1)
-    MPI.Request.Waitall(sends)
+    wait_all(sends)

@@ -3,6 +3,8 @@ full-size history, whose update of a piece is a wait of the profile's time on th
 of the reduced gradient, and the parameters the values module expects (scaffe.modelled.values).
 """
 import os
+import resource
+import time
 
 from scaffe.log import get_logger
 from scaffe.modelled import values
@@ -100,15 +102,14 @@ class ModelledReport(SolverCallback):
     WARMUP = 2
 
     def __init__(self, solver, comm=None):
-        import time
-        self.solver, self.comm, self._time = solver, comm, time
+        self.solver, self.comm = solver, comm
         self.seconds = []
         self._started = None
         solver.callbacks.append(self)
 
     def on_start(self):
         if self._started is None and self.solver.iter >= self.WARMUP:
-            self._started = (self._time.perf_counter(), _cpu_seconds(), self.solver.iter)
+            self._started = (time.perf_counter(), _cpu_seconds(), self.solver.iter)
 
     def finish(self):
         """(seconds per iteration undilated, cpu_busy) on every rank (collective when distributed)."""
@@ -117,20 +118,23 @@ class ModelledReport(SolverCallback):
             return None, None
         self.solver.parameters_read()
         wall0, cpu0, first = self._started
-        wall = self._time.perf_counter() - wall0
+        wall = time.perf_counter() - wall0
         cpu = _cpu_seconds() - cpu0
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
         if self.comm is not None:
+            from mpi4py import MPI
             cpu = self.comm.allreduce(cpu)
-            wall = self.comm.allreduce(wall, op=__import__("mpi4py").MPI.MAX)
+            wall = self.comm.allreduce(wall, op=MPI.MAX)
+            rss_mb = self.comm.allreduce(rss_mb, op=MPI.MAX)
         iterations = max(1, self.solver.iter - first)
         busy = cpu / (len(os.sched_getaffinity(0)) * wall) if wall > 0 else 0.0
         per_iteration = wall / iterations / time_dilation()
         if self.solver.root_solver:
             net = self.solver.net
             log.info("Modelled: %.2f ms per iteration (undilated, %d iterations after %d), one rank's compute "
-                     "%.2f ms, gradients %d bytes, cpu_busy %.3f, dilation %g", 1000 * per_iteration, iterations,
-                     first, 1000 * net.iteration_s / time_dilation(),
-                     sum(blob.data.nbytes for blob in net.learnable_params), busy, time_dilation())
+                     "%.2f ms, gradients %d bytes, cpu_busy %.3f, dilation %g, largest rank's memory %.0f MB",
+                     1000 * per_iteration, iterations, first, 1000 * net.iteration_s / time_dilation(),
+                     sum(blob.data.nbytes for blob in net.learnable_params), busy, time_dilation(), rss_mb)
         return per_iteration, busy
 
 

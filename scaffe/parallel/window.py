@@ -16,8 +16,7 @@ for a rank that waits for that queued one. Completion within a communicator is i
 """
 import collections
 
-from mpi4py import MPI
-
+from collectives import waiting
 from collectives.settings import positive_int
 from scaffe.parallel.streams import Started
 
@@ -103,13 +102,9 @@ class Windows:
                 break  # everything asked for has started: MPI's own Waitall suffices
             if all(_started(handle) and _request(handle).Test() for handle in handles):
                 return
-            oldest = [request for request in (window.oldest() for window in self._windows.values()) if request]
-            MPI.Request.Waitany(oldest)
-        requests = [request for request in map(_request, handles) if request]
-        # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a null
-        # request and a generalized one still in progress.
-        if requests:
-            MPI.Request.Waitall(requests)
+            waiting.wait_any([request for request in (window.oldest() for window in self._windows.values())
+                              if request])
+        waiting.wait_all([_request(handle) for handle in handles])
 
     def drained(self):
         """Whether nothing is queued: a blocking collective may then be called without breaking the order."""

@@ -1,0 +1,62 @@
+"""How a rank waits for MPI requests: MPI's own wait, or, with SCAFFE_WAIT=nap, a loop of Tests that gives
+the core away.
+
+MPICH's Wait spins on its core until the request completes: the lowest latency where every rank has a core
+of its own. Where ranks share cores with each other and with the TCP stack (an oversubscribed host, the bed
+of perf/cluster_sim.py, whose modelled GPUs leave the CPU idle), a spinning waiter takes the core that the
+rank it waits for, or the kernel moving its bytes, needs, and every waiting rank looks busy. The nap loop
+yields the core for a while (sched_yield returns at once when nobody wants it) and then sleeps between Tests.
+"""
+import functools
+import os
+import time
+
+from mpi4py import MPI
+
+from collectives.settings import wait_policy
+
+YIELDS = 100  # failed Tests that yield the core before the waits turn into naps
+NAP_S = 100e-6
+
+
+@functools.cache
+def napping():
+    """Whether waits nap (SCAFFE_WAIT=nap), read once per process."""
+    return wait_policy() == "nap"
+
+
+def wait_all(requests):
+    """Until every request of `requests` (MPI requests, REQUEST_NULL allowed) has completed."""
+    pending = [request for request in requests if request]
+    if not napping():
+        # Completed ones (REQUEST_NULL) are left out: MPICH's Waitall asserts on a list holding both a null
+        # request and a generalized one still in progress.
+        if pending:
+            MPI.Request.Waitall(pending)
+        return
+    checks = 0
+    for request in pending:  # completion within a communicator is in order: the first is the one to watch
+        while not request.Test():
+            checks += 1
+            if checks < YIELDS:
+                os.sched_yield()
+            else:
+                time.sleep(NAP_S)
+
+
+def wait(request):
+    wait_all([request])
+
+
+def wait_any(requests):
+    """Until one of `requests` (none null) has completed."""
+    if not napping():
+        MPI.Request.Waitany(requests)
+        return
+    checks = 0
+    while not any(request.Test() for request in requests):
+        checks += 1
+        if checks < YIELDS:
+            os.sched_yield()
+        else:
+            time.sleep(NAP_S)

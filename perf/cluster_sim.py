@@ -1,0 +1,196 @@
+"""A cluster of GPU nodes on this machine: the compute modelled (scaffe.modelled), the hosts made of network
+namespaces (jobs/cluster.sh), time dilated so that the CPU stays out of the way, over a grid of host counts,
+ranks per host, link rates and schedules. One line per run:
+
+    RESULT net=N gpu=G hosts=H per_host=R link=L schedule=S iter_ms=X compute_ms=C grad_bytes=B bound_ms=Y
+           x_bound=Z efficiency=E cpu_busy=F dilation=D rss_mb=M
+
+iter_ms is undilated (scaffe train's `Modelled:` line), compute_ms one rank's modelled iteration, efficiency
+the weak-scaling efficiency against one GPU (compute_ms / iter_ms), rss_mb the largest rank's resident memory.
+Each schedule's lower bound (B the gradients' bytes, T a link's bytes per second, C compute_ms, H hosts; the
+ranks of a host meet in shared memory, which the bound leaves out):
+- native: C + 2 (H-1)/H B / T. MPI's Allreduce follows the backward (no overlap), and no allreduce moves
+  less than 2 (H-1)/H B through each host's link.
+- allreduce: max(C, 2 (H-1)/H B / T): reduce-scatter and allgather between the hosts, overlapped.
+- scaffe: max(C, k B / T), k = 0 for one host, 1 for two, 2 for more: gradients travel to the root and
+  parameters back, pipelined along the hosts, so a host between two others sends both (B each way).
+
+Dilation D (--dilation, or `auto`): every modelled time is D times longer (SCAFFE_TIME_DILATION) and every
+link is shaped to rate / D, so the run is the cluster's slowed down D times; results are divided by D.
+`auto` runs each configuration once for a few iterations, measures the CPU busy fraction (all ranks' CPU
+seconds over cores x wall), and picks D so that it would be 0.2, and at least so large that rate / D stays
+within what the bed's links carry (--bed-rate); the configuration's first schedule picks D for all of them.
+Waits nap (SCAFFE_WAIT=nap, collectives.waiting) unless the environment says otherwise; MPI's own blocking
+Allreduce, the native schedule's, still spins.
+
+    python -m perf.cluster_sim --net googlenet --batch 32 --gpu h100 --hosts 1,2,4 --per-host 8 \
+        --link 100gbit,25gbit --schedules scaffe,allreduce,native [--dilation auto] [--plot out.png]
+
+Needs root (jobs/cluster.sh). --profile LOG takes a `caffe time` log in place of --gpu's model.
+"""
+import argparse
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "jobs" / "cluster.sh"
+BED = "csim"
+BUSY_TARGET = 0.2
+MODELLED = re.compile(r"Modelled: ([0-9.]+) ms per iteration .* one rank's compute ([0-9.]+) ms, gradients (\d+) "
+                      r"bytes, cpu_busy ([0-9.]+), dilation ([0-9.e+]+), largest rank's memory ([0-9.]+) MB")
+RATE = re.compile(r"^([0-9.]+)([kmg]?)bit$")
+
+
+def bits_per_second(rate):
+    match = RATE.match(rate)
+    if match is None:
+        raise SystemExit(f"--link {rate}: give a rate like 100gbit, 25gbit or 2200mbit")
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+
+
+def bound_ms(schedule, compute_ms, grad_bytes, hosts, link_bytes_per_s):
+    """The schedule's lower bound on an iteration (the module's docstring gives the formulas)."""
+    allreduce_ms = 1000 * 2 * (hosts - 1) / hosts * grad_bytes / link_bytes_per_s
+    if schedule == "native":
+        return compute_ms + allreduce_ms
+    if schedule == "allreduce":
+        return max(compute_ms, allreduce_ms)
+    carried = 0 if hosts == 1 else 1 if hosts == 2 else 2
+    return max(compute_ms, 1000 * carried * grad_bytes / link_bytes_per_s)
+
+
+def solver_file(net, batch, folder):
+    """A solver prototxt for `net` at `batch` per GPU, written into `folder`."""
+    from google.protobuf import text_format
+    from perf import train_scaling
+    from scaffe import io as sio
+    from scaffe.solvers import read_solver_file
+    if net == "lenet":
+        param = read_solver_file(str(ROOT / "examples" / "mnist" / "lenet_solver.prototxt"))
+        net_param = sio.read_net_prototxt(str(ROOT / "examples" / "mnist" / "lenet_train_test.prototxt"))
+        for layer in net_param.layer:
+            if layer.type == "Data":
+                layer.data_param.batch_size = batch
+                layer.data_param.source = str(ROOT / "examples" / "mnist" / Path(layer.data_param.source).name)
+        param.ClearField("net")
+        param.net_param.CopyFrom(net_param)
+    else:
+        param = getattr(train_scaling, f"{net}_solver_param")(batch)
+    param.display = 0
+    path = Path(folder) / f"{net}_b{batch}_solver.prototxt"
+    path.write_text(text_format.MessageToString(param))
+    return path
+
+
+def cluster(*args, timeout=600):
+    done = subprocess.run(["env", f"SCAFFE_BED={BED}", "bash", str(CLUSTER), *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"cluster.sh {' '.join(map(str, args))} failed:\n{done.stdout}{done.stderr}")
+    return done
+
+
+def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation, iterations, scale):
+    """One run on a bed of `hosts` hosts whose links carry rate_bits / dilation: the `Modelled:` numbers."""
+    shaped = max(1, int(rate_bits / dilation / 1000))
+    cluster("up", hosts, "--rate", f"{shaped}kbit")
+    try:
+        env = dict(os.environ, SCAFFE_TIME_DILATION=str(dilation), SCAFFE_COMPUTE_SCALE=str(scale),
+                   OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", SCAFFE_BED=BED)
+        env.setdefault("SCAFFE_WAIT", "nap")  # waiting ranks leave the cores to the others and the TCP stack
+        done = subprocess.run(["bash", str(CLUSTER), "run", "-n", str(per_host), sys.executable, "-m", "scaffe",
+                               "train", f"--solver={solver}", f"--compute-profile={profile}",
+                               f"--iterations={iterations}", f"--schedule={schedule}"],
+                              capture_output=True, text=True, env=env, timeout=3600)
+    finally:
+        cluster("down")
+    match = MODELLED.search(done.stdout + done.stderr)
+    if done.returncode != 0 or match is None:
+        raise SystemExit(f"run failed ({hosts} hosts x {per_host}, {schedule}, D={dilation}):\n"
+                         f"{(done.stdout + done.stderr)[-3000:]}")
+    iter_ms, compute_ms, grad_bytes, busy, _, rss_mb = (float(g) for g in match.groups())
+    return iter_ms, compute_ms, int(grad_bytes), busy, rss_mb
+
+
+def pick_dilation(args, solver, hosts, per_host, rate_bits, schedule):
+    """D for one configuration: from a short trial's CPU busy fraction, and the bed's link rate."""
+    trial = args.trial_dilation
+    busy = modelled_run(solver, args.profile, hosts, per_host, rate_bits, schedule, trial, args.trial_iterations,
+                        args.scale)[3]
+    by_cpu = trial * busy / BUSY_TARGET
+    by_link = rate_bits / bits_per_second(args.bed_rate) if hosts > 1 else 1.0
+    return max(1.0, math.ceil(max(by_cpu, by_link)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--net", default="googlenet", choices=("lenet", "alexnet", "googlenet"))
+    parser.add_argument("--batch", type=int, default=32, help="per GPU")
+    parser.add_argument("--gpu", default="h100", help="k80, v100 or h100 (the compute model)")
+    parser.add_argument("--profile", default="", help="a `caffe time` log in place of --gpu's model")
+    parser.add_argument("--scale", type=float, default=1.0, help="SCAFFE_COMPUTE_SCALE: a factor on the compute")
+    parser.add_argument("--hosts", default="1,2", help="comma-separated host counts")
+    parser.add_argument("--per-host", default="8", help="comma-separated ranks (GPUs) per host")
+    parser.add_argument("--link", default="100gbit", help="comma-separated link rates")
+    parser.add_argument("--schedules", default="scaffe,allreduce,native")
+    parser.add_argument("--dilation", default="auto", help="D, or auto")
+    parser.add_argument("--iterations", type=int, default=12, help="per run (the first 2 are not timed)")
+    parser.add_argument("--trial-iterations", type=int, default=5)
+    parser.add_argument("--trial-dilation", type=float, default=20.0)
+    parser.add_argument("--bed-rate", default="1500mbit", help="what a bed link carries well (perf/link_rate.py)")
+    parser.add_argument("--plot", default="", help="draw efficiency and x_bound against GPUs here (the plot extra)")
+    args = parser.parse_args(argv)
+    args.profile = args.profile or args.gpu
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        solver = solver_file(args.net, args.batch, folder)
+        for link in args.link.split(","):
+            rate_bits = bits_per_second(link)
+            for hosts in map(int, args.hosts.split(",")):
+                for per_host in map(int, args.per_host.split(",")):
+                    schedules = args.schedules.split(",")
+                    # One D for the configuration, from its first schedule: the schedules compare at the same D
+                    # (native's MPI Allreduce spins in its waits, so its busy fraction does not fall with D).
+                    dilation = (pick_dilation(args, solver, hosts, per_host, rate_bits, schedules[0])
+                                if args.dilation == "auto" else float(args.dilation))
+                    for schedule in schedules:
+                        iter_ms, compute_ms, grad_bytes, busy, rss_mb = modelled_run(
+                            solver, args.profile, hosts, per_host, rate_bits, schedule, dilation, args.iterations,
+                            args.scale)
+                        bound = bound_ms(schedule, compute_ms, grad_bytes, hosts, rate_bits / 8)
+                        row = dict(net=args.net, gpu=Path(args.profile).name, hosts=hosts, per_host=per_host,
+                                   link=link, schedule=schedule, iter_ms=f"{iter_ms:.2f}",
+                                   compute_ms=f"{compute_ms:.2f}", grad_bytes=grad_bytes, bound_ms=f"{bound:.2f}",
+                                   x_bound=f"{iter_ms / bound:.3f}", efficiency=f"{compute_ms / iter_ms:.3f}",
+                                   cpu_busy=f"{busy:.3f}", dilation=f"{dilation:g}", rss_mb=f"{rss_mb:.0f}")
+                        rows.append(row)
+                        print("RESULT " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, (efficiency, x_bound) = plt.subplots(1, 2, figsize=(11, 4))
+    for key in sorted({(row["schedule"], row["link"]) for row in rows}):
+        chosen = [row for row in rows if (row["schedule"], row["link"]) == key]
+        gpus = [row["hosts"] * row["per_host"] for row in chosen]
+        efficiency.plot(gpus, [float(row["efficiency"]) for row in chosen], marker="o", label=" ".join(key))
+        x_bound.plot(gpus, [float(row["x_bound"]) for row in chosen], marker="o", label=" ".join(key))
+    for axes, title in ((efficiency, "weak-scaling efficiency"), (x_bound, "iteration / its bound")):
+        axes.set_xlabel("GPUs")
+        axes.set_title(title)
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+if __name__ == "__main__":
+    main()
