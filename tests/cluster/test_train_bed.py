@@ -65,6 +65,28 @@ def test_scaffe_train_on_two_hosts(bed, mnist, tmp_path):
     assert (tmp_path / f"lenet_iter_{iterations}.caffemodel").exists()
 
 
+def test_modelled_training_on_two_hosts_launched_as_mpirun_rsh(bed, mnist, tmp_path):
+    """`jobs/mpirun_rsh.sh -np 4 -hostfile F VAR=VALUE ... scaffe train --compute-profile=k80` on 2 hosts x 2
+    ranks (hydra's mpiexec in mpirun_rsh's place, through the bed's launcher), held messages and napping
+    waits: every reduced sum and propagated parameter checked for 8 iterations; the root's `Modelled:` line."""
+    solver = lenet_solver(tmp_path, test_interval=500)
+    state = Path("/run/scaffe-bed") / bed.name
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("".join(f"{line.split()[0]}:2\n" for line in (state / "hosts").read_text().splitlines()))
+    settings = ["SCAFFE_WAIT=nap", "SCAFFE_TIME_DILATION=2", "SCAFFE_PIECE_BYTES=60000", "SCAFFE_MESSAGE_BYTES=120000",
+                "SCAFFE_BACKWARD_BYTES=100000"]
+    hydra = dict(ONE_THREAD, HYDRA_LAUNCHER="ssh", HYDRA_LAUNCHER_EXEC=str(state / "launch"),
+                 HYDRA_IFACE=f"{bed.name}br", UCX_TLS="self,tcp", MPIEXEC=str(MPIEXEC))
+    job = require_ok(run_command(["bash", str(REPO / "jobs" / "mpirun_rsh.sh"), "-np", "4", "-hostfile", str(hostfile),
+                                  *settings, sys.executable, "-m", "scaffe", "train", f"--solver={solver}",
+                                  "--iterations=8", "--compute-profile=k80"], env=hydra, timeout=120),
+                     marker=None)
+    log = job.stdout + job.stderr
+    assert "Compute modelled from the k80 model" in log and "Optimization Done." in log, log[-3000:]
+    assert "4 ranks on 2 node(s)" in log, log[-3000:]
+    assert "Modelled: " in log and "cpu_busy" in log and "dilation 2" in log, log[-3000:]
+
+
 def rank_pids(bed, host):
     """The training ranks (not hydra's proxy or its shell) running in `host`."""
     found = []
