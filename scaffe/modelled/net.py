@@ -22,6 +22,7 @@ from scaffe.modelled.profile import ComputeProfile
 from scaffe.modelled.shapes import DATA_TYPES, layer_models
 
 SLACK_S = 0.002  # a hook that took longer than this waited for something: the device would have waited too
+POLL_S = 0.002   # how often a wait gives the idle hooks a turn
 
 
 class ModelledLayer:
@@ -58,6 +59,8 @@ class ModelledNet:
         self.profile = ComputeProfile(spec, self.models, self.batch_size, history_sets)
         self.iteration_s = self.profile.iteration_seconds(self.models, elements)
         self.param_needed_hooks, self.grads_ready_hooks, self.layer_timed_hooks = [], [], []
+        self.idle_hooks = []  # called while the modelled device computes (a schedule's look at arrived sums)
+        self._idle = False    # inside the idle hooks: an update they make waits without calling them again
         self.rank, self.size = 0, 1   # set by a schedule's solver (scaffe.modelled.solver.attach_checks)
         self.iteration = 0            # the solver's, at the start of each forward
         self.iter_size = 1
@@ -137,8 +140,20 @@ class ModelledNet:
         self.clock = max(self.clock, time.perf_counter())
 
     def wait(self, seconds):
-        """Queue `seconds` of device work and wait until the device is done with it."""
+        """Queue `seconds` of device work and wait until the device is done with it, calling the idle hooks
+        every POLL_S meanwhile: on a GPU the host thread runs ahead of the device and reaches the schedule's
+        next look at arrived sums while the device computes (an update it makes goes on the clock too)."""
         self.clock = max(self.clock, time.perf_counter() - SLACK_S) + seconds
-        left = self.clock - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
+        while True:
+            left = self.clock - time.perf_counter()
+            if left <= 0:
+                return
+            time.sleep(min(left, POLL_S))
+            if self._idle:
+                continue
+            self._idle = True
+            try:
+                for hook in self.idle_hooks:
+                    hook()
+            finally:
+                self._idle = False

@@ -156,6 +156,9 @@ class AllreduceSchedule(Schedule):
             self._storage[key] = buf
         return buf[:count]
 
+    def progress(self):
+        self._finish_arrived(wait=False)
+
     def on_gradients_ready(self):
         if self._flags is None:  # a net without gradients still agrees on requests
             self._launch(final=True)

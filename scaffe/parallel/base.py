@@ -26,6 +26,8 @@ class Schedule(SolverCallback):
         self.passes = 0
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
+        if hasattr(self.net, "idle_hooks"):  # a modelled net (scaffe.modelled.net) computes as a wait
+            self.net.idle_hooks.append(self.progress)
         solver.agreement = self
         self.agreed = frozenset()
         self.synced = False  # whether every rank holds the root's parameters
@@ -47,6 +49,9 @@ class Schedule(SolverCallback):
 
     def param_needed(self, layer_id):
         """Nothing to wait for unless the schedule moves parameters during forward."""
+
+    def progress(self):
+        """While the device computes (a modelled net's waits): take in what has arrived, without waiting."""
 
     # ------------------------------------------------------------ stop/snapshot requests
 

@@ -150,6 +150,10 @@ class SCaffeSchedule(Schedule):
         if layer_id == self.final_grads_layer:
             self._gather_requests()
 
+    def progress(self):
+        if self.rank == self.root and self._per_piece:
+            self._update_arrived(wait=False)
+
     def on_gradients_ready(self):
         if self.final_grads_layer is None:  # a net without gradients still agrees on requests
             self._gather_requests()
