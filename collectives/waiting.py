@@ -16,7 +16,8 @@ from mpi4py import MPI
 from collectives.settings import wait_policy
 
 YIELDS = 100  # failed Tests that yield the core before the waits turn into naps
-NAP_S = 100e-6
+NAP_S = 50e-6  # the first nap; each next one twice as long, up to NAP_MAX_S
+NAP_MAX_S = 1e-3
 
 
 @functools.cache
@@ -34,14 +35,10 @@ def wait_all(requests):
         if pending:
             MPI.Request.Waitall(pending)
         return
-    checks = 0
+    naps = _naps()
     for request in pending:  # completion within a communicator is in order: the first is the one to watch
         while not request.Test():
-            checks += 1
-            if checks < YIELDS:
-                os.sched_yield()
-            else:
-                time.sleep(NAP_S)
+            next(naps)
 
 
 def wait(request):
@@ -53,10 +50,16 @@ def wait_any(requests):
     if not napping():
         MPI.Request.Waitany(requests)
         return
-    checks = 0
+    naps = _naps()
     while not any(request.Test() for request in requests):
-        checks += 1
-        if checks < YIELDS:
-            os.sched_yield()
-        else:
-            time.sleep(NAP_S)
+        next(naps)
+
+
+def _naps():
+    """Each step gives the core away: YIELDS yields, then naps from NAP_S doubling to NAP_MAX_S."""
+    for _ in range(YIELDS):
+        yield os.sched_yield()
+    nap = NAP_S
+    while True:
+        yield time.sleep(nap)
+        nap = min(2 * nap, NAP_MAX_S)

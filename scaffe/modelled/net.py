@@ -18,11 +18,11 @@ import numpy
 
 from scaffe.blob import Blob
 from scaffe.modelled import values
-from scaffe.modelled.profile import ComputeProfile
+from scaffe.modelled.profile import ComputeProfile, time_dilation
 from scaffe.modelled.shapes import DATA_TYPES, layer_models
 
 SLACK_S = 0.002  # a hook that took longer than this waited for something: the device would have waited too
-POLL_S = 0.002   # how often a wait gives the idle hooks a turn
+POLL_S = 0.0002  # how often a wait gives the idle hooks a turn, in modelled (undilated) seconds
 
 
 class ModelledLayer:
@@ -58,6 +58,7 @@ class ModelledNet:
         elements = sum(blob.count for blob in self.learnable_params)
         self.profile = ComputeProfile(spec, self.models, self.batch_size, history_sets)
         self.iteration_s = self.profile.iteration_seconds(self.models, elements)
+        self.poll_s = POLL_S * time_dilation()
         self.param_needed_hooks, self.grads_ready_hooks, self.layer_timed_hooks = [], [], []
         self.idle_hooks = []  # called while the modelled device computes (a schedule's look at arrived sums)
         self._idle = False    # inside the idle hooks: an update they make waits without calling them again
@@ -141,14 +142,14 @@ class ModelledNet:
 
     def wait(self, seconds):
         """Queue `seconds` of device work and wait until the device is done with it, calling the idle hooks
-        every POLL_S meanwhile: on a GPU the host thread runs ahead of the device and reaches the schedule's
+        every POLL_S (dilated) meanwhile: on a GPU the host thread runs ahead of the device and reaches the schedule's
         next look at arrived sums while the device computes (an update it makes goes on the clock too)."""
         self.clock = max(self.clock, time.perf_counter() - SLACK_S) + seconds
         while True:
             left = self.clock - time.perf_counter()
             if left <= 0:
                 return
-            time.sleep(min(left, POLL_S))
+            time.sleep(min(left, self.poll_s))
             if self._idle:
                 continue
             self._idle = True
