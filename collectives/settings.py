@@ -17,9 +17,10 @@ SCAFFE_RANKS_PER_NODE   positive int        unset: the real       cut each host 
                                             nodes                 ranks (ranks_per_node)
 SCAFFE_CHECK            0 or 1 (not 0       0                     check that the ranks agree on counts, dtypes, ops
                         counts as 1)                              and roots (check)
-SCAFFE_WAIT             spin or nap         spin                  how a wait for MPI requests waits: MPI's own
-                                                                  wait, which spins, or Tests that yield the
-                                                                  core and nap (wait_policy; collectives.waiting)
+SCAFFE_WAIT             spin, nap or        spin                  how a wait for MPI requests waits: MPI's own
+                        nap:MS                                    wait, which spins, or Tests that yield the
+                                                                  core and nap, up to MS ms (1) a nap
+                                                                  (wait_policy; collectives.waiting)
 SCAFFE_STALL_S          seconds >= 0        60                    abort with a report when a collective has waited
                                                                   this long; 0: off (stall_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
@@ -77,11 +78,19 @@ def check():
 
 
 def wait_policy():
-    """SCAFFE_WAIT: how a rank waits for MPI requests, spin (MPI's own wait) or nap (collectives.waiting)."""
-    policy = os.environ.get("SCAFFE_WAIT", "").strip().lower() or "spin"
-    if policy not in ("spin", "nap"):
-        raise ValueError(f"SCAFFE_WAIT={policy!r} is not spin or nap")
-    return policy
+    """SCAFFE_WAIT: how a rank waits for MPI requests: ("spin", None) (MPI's own wait), or ("nap", the longest
+    nap in seconds) for `nap` (1 ms) or `nap:MS` (collectives.waiting)."""
+    text = os.environ.get("SCAFFE_WAIT", "").strip().lower() or "spin"
+    policy, _, longest = text.partition(":")
+    try:
+        nap_s = float(longest) / 1000 if longest else 1e-3
+    except ValueError:
+        nap_s = -1.0
+    if policy == "spin" and not longest:
+        return "spin", None
+    if policy != "nap" or not nap_s > 0:
+        raise ValueError(f"SCAFFE_WAIT={text!r} is not spin, nap or nap:MS (the longest nap in milliseconds)")
+    return "nap", nap_s
 
 
 def stall_seconds():

@@ -1,11 +1,13 @@
-"""How a rank waits for MPI requests: MPI's own wait, or, with SCAFFE_WAIT=nap, a loop of Tests that gives
-the core away.
+"""How a rank waits for MPI requests: MPI's own wait, or, with SCAFFE_WAIT=nap (or nap:MS), a loop of Tests that
+gives the core away.
 
 MPICH's Wait spins on its core until the request completes: the lowest latency where every rank has a core
 of its own. Where ranks share cores with each other and with the TCP stack (an oversubscribed host, the bed
 of perf/cluster_sim.py, whose modelled GPUs leave the CPU idle), a spinning waiter takes the core that the
 rank it waits for, or the kernel moving its bytes, needs, and every waiting rank looks busy. The nap loop
-yields the core for a while (sched_yield returns at once when nobody wants it) and then sleeps between Tests.
+yields the core for a while (sched_yield returns at once when nobody wants it) and then sleeps between Tests,
+each nap twice the last, up to 1 ms (MS ms): a wait's naps cost CPU in proportion to its length, so a
+slowed-down bed (perf/cluster_sim.py's dilation D) sets the longest nap D times longer.
 """
 import functools
 import os
@@ -16,14 +18,17 @@ from mpi4py import MPI
 from collectives.settings import wait_policy
 
 YIELDS = 100  # failed Tests that yield the core before the waits turn into naps
-NAP_S = 50e-6  # the first nap; each next one twice as long, up to NAP_MAX_S
-NAP_MAX_S = 1e-3
+NAP_S = 50e-6  # the first nap; each next one twice as long, up to the longest SCAFFE_WAIT allows
 
 
 @functools.cache
+def _policy():
+    return wait_policy()
+
+
 def napping():
     """Whether waits nap (SCAFFE_WAIT=nap), read once per process."""
-    return wait_policy() == "nap"
+    return _policy()[0] == "nap"
 
 
 def wait_all(requests):
@@ -56,10 +61,11 @@ def wait_any(requests):
 
 
 def _naps():
-    """Each step gives the core away: YIELDS yields, then naps from NAP_S doubling to NAP_MAX_S."""
+    """Each step gives the core away: YIELDS yields, then naps from NAP_S doubling to the longest allowed."""
+    longest = _policy()[1]
     for _ in range(YIELDS):
         yield os.sched_yield()
-    nap = NAP_S
+    nap = min(NAP_S, longest)
     while True:
         yield time.sleep(nap)
-        nap = min(2 * nap, NAP_MAX_S)
+        nap = min(2 * nap, longest)

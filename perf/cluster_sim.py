@@ -17,8 +17,9 @@ ranks of a host meet in shared memory, which the bound leaves out):
 
 Dilation D (--dilation, or `auto`): every modelled time is D times longer (SCAFFE_TIME_DILATION) and every
 link is shaped to rate / D, so the run is the cluster's slowed down D times; results are divided by D.
-`auto` runs each configuration once for a few iterations, measures the CPU busy fraction (all ranks' CPU
-seconds over cores x wall), and picks D so that it would be 0.2, and at least so large that rate / D stays
+`auto` runs each configuration twice for a few iterations (at D and 4 D), measures the CPU busy fraction
+(all ranks' CPU seconds over cores x wall), fits busy = floor + work / D and picks D so that it would be
+0.2 (at most --max-dilation), and at least so large that rate / D stays
 within what the bed's links carry (--bed-rate); the configuration's first schedule picks D for all of them.
 Waits nap (SCAFFE_WAIT=nap, collectives.waiting) unless the environment says otherwise; MPI's own blocking
 Allreduce, the native schedule's, still spins.
@@ -102,7 +103,8 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
     try:
         env = dict(os.environ, SCAFFE_TIME_DILATION=str(dilation), SCAFFE_COMPUTE_SCALE=str(scale),
                    OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", SCAFFE_BED=BED)
-        env.setdefault("SCAFFE_WAIT", "nap")  # waiting ranks leave the cores to the others and the TCP stack
+        # Waiting ranks leave the cores to the others and the TCP stack, napping up to 20 us undilated.
+        env.setdefault("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}")
         done = subprocess.run(["bash", str(CLUSTER), "run", "-n", str(per_host), sys.executable, "-m", "scaffe",
                                "train", f"--solver={solver}", f"--compute-profile={profile}",
                                f"--iterations={iterations}", f"--schedule={schedule}"],
@@ -118,13 +120,18 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
 
 
 def pick_dilation(args, solver, hosts, per_host, rate_bits, schedule):
-    """D for one configuration: from a short trial's CPU busy fraction, and the bed's link rate."""
-    trial = args.trial_dilation
-    busy = modelled_run(solver, args.profile, hosts, per_host, rate_bits, schedule, trial, args.trial_iterations,
-                        args.scale)[3]
-    by_cpu = trial * busy / BUSY_TARGET
+    """D for one configuration: from two short trials' CPU busy fractions, and the bed's link rate.
+
+    The CPU's own work per iteration is fixed, so its busy fraction falls as 1/D, above what the waits cost
+    while they last (a fraction of their own): busy(D) = floor + work / D, fitted to trials at D and 4 D."""
+    low = args.trial_dilation
+    busy = [modelled_run(solver, args.profile, hosts, per_host, rate_bits, schedule, d, args.trial_iterations,
+                         args.scale)[3] for d in (low, 4 * low)]
+    work = max(0.0, (busy[0] - busy[1]) / (1 / low - 1 / (4 * low)))
+    floor = max(0.0, busy[1] - work / (4 * low))
+    by_cpu = work / (BUSY_TARGET - floor) if floor < BUSY_TARGET else args.max_dilation
     by_link = rate_bits / bits_per_second(args.bed_rate) if hosts > 1 else 1.0
-    return max(1.0, math.ceil(max(by_cpu, by_link)))
+    return min(args.max_dilation, max(1.0, math.ceil(max(by_cpu, by_link))))
 
 
 def main(argv=None):
@@ -141,7 +148,8 @@ def main(argv=None):
     parser.add_argument("--dilation", default="auto", help="D, or auto")
     parser.add_argument("--iterations", type=int, default=12, help="per run (the first 2 are not timed)")
     parser.add_argument("--trial-iterations", type=int, default=5)
-    parser.add_argument("--trial-dilation", type=float, default=20.0)
+    parser.add_argument("--trial-dilation", type=float, default=10.0, help="auto: trials at D and 4 D")
+    parser.add_argument("--max-dilation", type=float, default=400.0)
     parser.add_argument("--bed-rate", default="1500mbit", help="what a bed link carries well (perf/link_rate.py)")
     parser.add_argument("--plot", default="", help="draw efficiency and x_bound against GPUs here (the plot extra)")
     args = parser.parse_args(argv)
