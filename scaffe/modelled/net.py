@@ -61,7 +61,6 @@ class ModelledNet:
         self.poll_s = POLL_S * time_dilation()
         self.param_needed_hooks, self.grads_ready_hooks, self.layer_timed_hooks = [], [], []
         self.idle_hooks = []  # called while the modelled device computes (a schedule's look at arrived sums)
-        self._idle = False    # inside the idle hooks: an update they make waits without calling them again
         self.rank, self.size = 0, 1   # set by a schedule's solver (scaffe.modelled.solver.attach_checks)
         self.iteration = 0            # the solver's, at the start of each forward
         self.iter_size = 1
@@ -140,21 +139,18 @@ class ModelledNet:
         self.iteration = iteration
         self.clock = max(self.clock, time.perf_counter())
 
-    def wait(self, seconds):
+    def wait(self, seconds, idle=True):
         """Queue `seconds` of device work and wait until the device is done with it, calling the idle hooks
         every POLL_S (dilated) meanwhile: on a GPU the host thread runs ahead of the device and reaches the schedule's
-        next look at arrived sums while the device computes (an update it makes goes on the clock too)."""
+        next look at arrived sums while the device computes (an update it makes goes on the clock too).
+        `idle` False: a wait made inside a schedule's own work (the solver's update), which the idle hooks
+        would re-enter."""
         self.clock = max(self.clock, time.perf_counter() - SLACK_S) + seconds
         while True:
             left = self.clock - time.perf_counter()
             if left <= 0:
                 return
-            time.sleep(min(left, self.poll_s))
-            if self._idle:
-                continue
-            self._idle = True
-            try:
+            time.sleep(min(left, self.poll_s) if idle else left)
+            if idle:
                 for hook in self.idle_hooks:
                     hook()
-            finally:
-                self._idle = False

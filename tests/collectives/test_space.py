@@ -77,9 +77,10 @@ def test_topologies(ranks):
 
 
 def test_every_root_uneven_nodes():
-    """Roots at every local rank of every node, nodes of [2, 2, 1]."""
+    """Roots at every local rank of every node, nodes of [2, 2, 1]; waits that nap (SCAFFE_WAIT=nap:0.2) in
+    the pipelines between nodes, the progress thread and the column allreduce."""
     run_ok(5, "space.py", "--rotate", "--roots", "all", *REDUCED, "--sizes", SIZES, "--name", "all-roots",
-           env=env_for(2, "hierarchical"), timeout=90)
+           env=env_for(2, "hierarchical", SCAFFE_WAIT="nap:0.2"), timeout=90)
 
 
 # (4, None, hierarchical): IN_PLACE at roots of local rank 2 and 3, whose buffer is a later input of the fused reduce.
