@@ -158,6 +158,11 @@ def non_negative_seconds(name, default):
                  "a non-negative number of seconds (0 turns it off)")
 
 
+def positive_number(name, default):
+    """The value of environment variable `name` as a float > 0, `default` when unset or empty."""
+    return _read(name, default, float, lambda v: v > 0 and math.isfinite(v), "a positive number")
+
+
 def switch(name, default):
     """The value of environment variable `name` as a bool ("0" or "1"), `default` when unset or empty."""
     return _read(name, default, {"0": False, "1": True}.get, lambda _: True, "0 or 1")

@@ -69,19 +69,7 @@ def solver_file(net, batch, folder):
     """A solver prototxt for `net` at `batch` per GPU, written into `folder`."""
     from google.protobuf import text_format
     from perf import train_scaling
-    from scaffe import io as sio
-    from scaffe.solvers import read_solver_file
-    if net == "lenet":
-        param = read_solver_file(str(ROOT / "examples" / "mnist" / "lenet_solver.prototxt"))
-        net_param = sio.read_net_prototxt(str(ROOT / "examples" / "mnist" / "lenet_train_test.prototxt"))
-        for layer in net_param.layer:
-            if layer.type == "Data":
-                layer.data_param.batch_size = batch
-                layer.data_param.source = str(ROOT / "examples" / "mnist" / Path(layer.data_param.source).name)
-        param.ClearField("net")
-        param.net_param.CopyFrom(net_param)
-    else:
-        param = getattr(train_scaling, f"{net}_solver_param")(batch)
+    param = getattr(train_scaling, f"{net}_solver_param")(batch)
     param.display = 0
     path = Path(folder) / f"{net}_b{batch}_solver.prototxt"
     path.write_text(text_format.MessageToString(param))

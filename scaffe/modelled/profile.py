@@ -9,36 +9,23 @@ root logs which). A log has no update time: the update is then modelled as on an
 Every modelled time is multiplied by SCAFFE_COMPUTE_SCALE (default 1) and by the time dilation
 SCAFFE_TIME_DILATION (default 1; perf/cluster_sim.py sets it with the links shaped to rate / D).
 """
-import os
 import re
 
+from collectives.settings import positive_number
 from scaffe.modelled import gpus
 
 LOG_LINE = re.compile(r"(\S+)\s+(forward|backward): ([0-9.eE+-]+) ms")
 TOP_SHAPE = re.compile(r"Top shape: (\d+)")
 
 
-def positive_float(name, default):
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{name}={text!r} is not a positive number")
-    return value
-
-
 def compute_scale():
     """SCAFFE_COMPUTE_SCALE: a factor on every modelled time (default 1)."""
-    return positive_float("SCAFFE_COMPUTE_SCALE", 1.0)
+    return positive_number("SCAFFE_COMPUTE_SCALE", 1.0)
 
 
 def time_dilation():
     """SCAFFE_TIME_DILATION: D, every modelled time D times longer (default 1)."""
-    return positive_float("SCAFFE_TIME_DILATION", 1.0)
+    return positive_number("SCAFFE_TIME_DILATION", 1.0)
 
 
 class ComputeProfile:
