@@ -65,11 +65,6 @@ class Started:
         return self._done.is_set() and self.request().Test()
 
 
-def requests_of(handles):
-    """The MPI requests behind `handles` (MPI requests or `Started`), once started."""
-    return [handle.request() if isinstance(handle, Started) else handle for handle in handles]
-
-
 class DeviceOrder:
     """GPU training (cupy or its stand-in): collectives start after events on the compute stream."""
 

@@ -82,7 +82,9 @@ class Windows:
 
     def start(self, comm, work, after=None, label=None):
         """`order.start(work, after, label)` (a collective on `comm`) now, or once `comm` has room; returns
-        its Posted. Every collective of `comm` must come through here, so that all start in program order."""
+        its Posted. Every nonblocking collective of `comm` must come through here, so that all start in program
+        order; the schedules' blocking ones (the first broadcast, sharded tests) come when everything asked for
+        has been waited for, so nothing is queued."""
         window = self._windows.get(id(comm))  # mpi4py communicators are not hashable
         if window is None:
             window = self._windows[id(comm)] = Window(self.limit)
@@ -105,10 +107,6 @@ class Windows:
             waiting.wait_any([request for request in (window.oldest() for window in self._windows.values())
                               if request])
         waiting.wait_all([_request(handle) for handle in handles])
-
-    def drained(self):
-        """Whether nothing is queued: a blocking collective may then be called without breaking the order."""
-        return not any(window.queued for window in self._windows.values())
 
 
 def _started(handle):
