@@ -175,8 +175,8 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, (efficiency, x_bound) = plt.subplots(1, 2, figsize=(11, 4))
-    for key in sorted({(row["schedule"], row["link"]) for row in rows}):
-        chosen = [row for row in rows if (row["schedule"], row["link"]) == key]
+    for key in sorted({(row["schedule"], row["gpu"], row["link"]) for row in rows}):
+        chosen = [row for row in rows if (row["schedule"], row["gpu"], row["link"]) == key]
         gpus = [row["hosts"] * row["per_host"] for row in chosen]
         efficiency.plot(gpus, [float(row["efficiency"]) for row in chosen], marker="o", label=" ".join(key))
         x_bound.plot(gpus, [float(row["x_bound"]) for row in chosen], marker="o", label=" ".join(key))
