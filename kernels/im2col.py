@@ -16,14 +16,9 @@ from numba import njit, uint64
 
 from kernels._threads import run_split
 from kernels.backend import get_array_module
+from kernels.geometry import conv_output_size
 
-__all__ = ["conv_output_size", "im2col", "col2im"]
-
-
-def conv_output_size(size, kernel, pad, stride, dilation=1):
-    """Caffe's convolution output length along one axis (floor rounding)."""
-    extent = dilation * (kernel - 1) + 1
-    return (size + 2 * pad - extent) // stride + 1
+__all__ = ["im2col", "col2im"]
 
 
 @njit(cache=True, inline="always")

@@ -13,7 +13,6 @@ numba's negative-index wraparound check in the inner loops (see im2col.py). The 
 kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
 """
 import functools
-import math
 
 import numpy
 from numba import njit, uint64
@@ -21,24 +20,11 @@ from numba import njit, uint64
 from kernels._threads import run_split
 from kernels.backend import get_array_module
 
-__all__ = ["pooled_size", "max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward"]
+__all__ = ["max_pool_forward", "max_pool_backward", "ave_pool_forward", "ave_pool_backward"]
 
 # Window sizes that get a specialized kernel (the ones common nets use); any other size, e.g. a global
 # window, shares one generic kernel instead of compiling one per input size.
 SPECIALIZED_WINDOWS = ((2, 2), (3, 3))
-
-
-def pooled_size(size, kernel, pad, stride, ceil_mode=True):
-    """Caffe's pooled length along one axis: ceil (default) or floor rounding; with padding the last
-    window must start inside the image (or its left padding), else it is dropped."""
-    span = size + 2 * pad - kernel
-    if ceil_mode:
-        out = int(math.ceil(span / stride)) + 1
-    else:
-        out = span // stride + 1
-    if pad > 0 and (out - 1) * stride >= size + pad:
-        out -= 1
-    return out
 
 
 # Windows that the image edge cuts: their bounds are clipped at run time. These helpers are inlined into

@@ -86,6 +86,13 @@ def spatial_geometry(conv_param, layer, kernel_required=True):
     return kernel, pad, stride, dilation
 
 
+def pair_field(param, both, height, width):
+    """(h, w) of a pooling_param size: the _h/_w pair if either is given, else `both` twice."""
+    if param.HasField(height) or param.HasField(width):
+        return getattr(param, height), getattr(param, width)
+    return getattr(param, both), getattr(param, both)
+
+
 def loss_scale(top):
     """The loss weight the net stored in the loss top's diff (Caffe's convention), as a float64 scalar
     where the diff lives: reading it into a Python float would make the host wait for the device."""

@@ -16,7 +16,8 @@ import numpy
 from kernels import blas, cudnn_conv
 from kernels.backend import get_array_module
 from kernels.blas import product
-from kernels.im2col import col2im, conv_output_size, im2col
+from kernels.geometry import conv_output_size
+from kernels.im2col import col2im, im2col
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import filled_blob, param_grad_wanted, spatial_geometry
 from scaffe.layer_impls.layer import Layer

@@ -2,7 +2,8 @@
 
 Top (N, C*kh*kw, oh, ow), channel c*kh*kw + i*kw + j holding kernel tap (i, j) of input channel c.
 """
-from kernels.im2col import col2im, conv_output_size, im2col
+from kernels.geometry import conv_output_size
+from kernels.im2col import col2im, im2col
 from scaffe.layer_impls import register
 from scaffe.layer_impls._helpers import spatial_geometry
 from scaffe.layer_impls.layer import Layer

@@ -6,8 +6,10 @@ pooling is not supported. `Pooler` is also used by the SPP layer.
 import numpy
 
 from kernels.backend import get_array_module
-from kernels.pooling import ave_pool_backward, ave_pool_forward, max_pool_backward, max_pool_forward, pooled_size
+from kernels.geometry import pooled_size
+from kernels.pooling import ave_pool_backward, ave_pool_forward, max_pool_backward, max_pool_forward
 from scaffe.layer_impls import register
+from scaffe.layer_impls._helpers import pair_field
 from scaffe.layer_impls.layer import Layer
 from scaffe.proto import caffe_pb2
 
@@ -60,9 +62,9 @@ class PoolingLayer(Layer):
         where = f"layer {self.name!r}"
         self.global_pooling = pp.global_pooling
         _check_kernel_fields(pp, where)
-        kernel = _pair_field(pp, "kernel_size", "kernel_h", "kernel_w")
-        pad = _pair_field(pp, "pad", "pad_h", "pad_w")
-        stride = _pair_field(pp, "stride", "stride_h", "stride_w")
+        kernel = pair_field(pp, "kernel_size", "kernel_h", "kernel_w")
+        pad = pair_field(pp, "pad", "pad_h", "pad_w")
+        stride = pair_field(pp, "stride", "stride_h", "stride_w")
         _check_window(pp.global_pooling, kernel, pad, stride, where)
         if pp.pool == STOCHASTIC:
             raise ValueError(f"{where}: STOCHASTIC pooling is not supported")
@@ -88,13 +90,6 @@ class PoolingLayer(Layer):
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:
             self.pooler.backward(top[0].diff, bottom[0].diff)
-
-
-def _pair_field(pp, both, height, width):
-    """(h, w) of a pooling_param size: the _h/_w pair if either is given, else `both` twice."""
-    if pp.HasField(height) or pp.HasField(width):
-        return getattr(pp, height), getattr(pp, width)
-    return getattr(pp, both), getattr(pp, both)
 
 
 def _check_kernel_fields(pp, where):

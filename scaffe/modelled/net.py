@@ -61,9 +61,8 @@ class ModelledNet:
         self.poll_s = POLL_S * time_dilation()
         self.param_needed_hooks, self.grads_ready_hooks, self.layer_timed_hooks = [], [], []
         self.idle_hooks = []  # called while the modelled device computes (a schedule's look at arrived sums)
-        self.rank, self.size = 0, 1   # set by a schedule's solver (scaffe.modelled.solver.attach_checks)
+        self.rank, self.size = 0, 1   # this rank and the ranks, set by scaffe.modelled.solver.modelled_solver
         self.iteration = 0            # the solver's, at the start of each forward
-        self.iter_size = 1
         self.passes = 0               # of this iteration, for the gradients' accumulation
         self.clock = 0.0
 

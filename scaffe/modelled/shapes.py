@@ -1,6 +1,7 @@
 """A net's layers as the compute model sees them: each layer's top shapes, learnable blob shapes (with
 their lr_mult and decay_mult), and the floating-point operations and bytes of its forward and backward,
-from the prototxt alone: no layer is built, no activation allocated, no kernel imported.
+from the prototxt alone, with the layers' own geometry rules: no layer is built, no activation allocated,
+no kernel imported.
 
 Work per layer, at the net's batch (4-byte floats):
 - Convolution and InnerProduct: 2 multiply-adds' worth of FLOPs per weight use in forward; backward computes
@@ -12,6 +13,8 @@ Work per layer, at the net's batch (4-byte floats):
 """
 import math
 
+from kernels.geometry import conv_output_size, pooled_size
+from scaffe.layer_impls._helpers import pair_field, spatial_geometry
 from scaffe.net_filter import filter_net
 from scaffe.proto import caffe_pb2
 
@@ -39,18 +42,6 @@ class LayerModel:
 
 def _count(shape):
     return math.prod(shape)
-
-
-def _spatial(param, name, default, axes=2):
-    """Caffe's per-axis conv/pool settings: `name` (repeated) or `name_h`/`name_w`."""
-    h, w = getattr(param, f"{name}_h", 0), getattr(param, f"{name}_w", 0)
-    if h or w:
-        return h, w
-    values = list(getattr(param, name)) if hasattr(getattr(param, name), "__len__") else [getattr(param, name)]
-    values = [v for v in values if v] if name != "pad" else values
-    if not values:
-        return (default,) * axes
-    return tuple(values) if len(values) == axes else (values[0],) * axes
 
 
 def _params(lp, shapes):
@@ -132,14 +123,10 @@ def _layer(lp, bottoms, data_shape, bottom_gradients):
 def _convolution(lp, bottoms, bottom_gradients):
     p = lp.convolution_param
     n, c, h, w = bottoms[0]
-    kh, kw = _spatial(p, "kernel_size", 1)
-    sh, sw = _spatial(p, "stride", 1)
-    ph, pw = _spatial(p, "pad", 0)
-    dh, dw = _spatial(p, "dilation", 1)
+    (kh, kw), (ph, pw), (sh, sw), (dh, dw) = spatial_geometry(p, lp)
     group = p.group or 1
     if lp.type == "Convolution":
-        oh = (h + 2 * ph - (dh * (kh - 1) + 1)) // sh + 1
-        ow = (w + 2 * pw - (dw * (kw - 1) + 1)) // sw + 1
+        oh, ow = conv_output_size(h, kh, ph, sh, dh), conv_output_size(w, kw, pw, sw, dw)
         weights = (p.num_output, c // group, kh, kw)
         flops = 2 * n * p.num_output * oh * ow * (c // group) * kh * kw
     else:
@@ -165,16 +152,11 @@ def _pooling(lp, bottoms, bottom_gradients):
     n, c, h, w = bottoms[0]
     if p.global_pooling:
         return _moving(lp, {lp.top[0]: (n, c, 1, 1)}, bottoms)
-    kh, kw = _spatial(p, "kernel_size", 1)
-    sh, sw = _spatial(p, "stride", 1)
-    ph, pw = _spatial(p, "pad", 0)
-    oh = int(math.ceil((h + 2 * ph - kh) / sh)) + 1
-    ow = int(math.ceil((w + 2 * pw - kw) / sw)) + 1
-    if ph and (oh - 1) * sh >= h + ph:  # Caffe: the last window starts inside the image
-        oh -= 1
-    if pw and (ow - 1) * sw >= w + pw:
-        ow -= 1
-    return _moving(lp, {lp.top[0]: (n, c, oh, ow)}, bottoms)
+    (kh, kw), (ph, pw), (sh, sw) = (pair_field(p, *fields) for fields in (
+        ("kernel_size", "kernel_h", "kernel_w"), ("pad", "pad_h", "pad_w"), ("stride", "stride_h", "stride_w")))
+    ceil = p.round_mode == caffe_pb2.PoolingParameter.CEIL
+    top = (n, c, pooled_size(h, kh, ph, sh, ceil), pooled_size(w, kw, pw, sw, ceil))
+    return _moving(lp, {lp.top[0]: top}, bottoms)
 
 
 def _same_shape(lp, bottoms):

@@ -89,7 +89,7 @@ def _pool_cases():
 
 
 def test_kernel_twins_match_the_cpu_kernels(cupy_stand_in):
-    from kernels import im2col, pooling
+    from kernels import geometry, im2col, pooling
     cp = cupy_stand_in
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal((2, 3, 7, 6)).astype(numpy.float32)
@@ -101,7 +101,7 @@ def test_kernel_twins_match_the_cpu_kernels(cupy_stand_in):
         numpy.testing.assert_array_equal(dev_col.get(), col)
         numpy.testing.assert_allclose(im2col.col2im(dev_col, x.shape, kernel, pad, stride, (1, 2)).get(),
                                       im2col.col2im(col, x.shape, kernel, pad, stride, (1, 2)), rtol=1e-6, atol=1e-6)
-        out = tuple(pooling.pooled_size(s, k, p, st) for s, k, p, st in zip(x.shape[2:], kernel, pad, stride))
+        out = tuple(geometry.pooled_size(s, k, p, st) for s, k, p, st in zip(x.shape[2:], kernel, pad, stride))
         top, mask = pooling.max_pool_forward(x, kernel, pad, stride, out)
         dev_top, dev_mask = pooling.max_pool_forward(dev, kernel, pad, stride, out)
         numpy.testing.assert_array_equal(dev_top.get(), top)

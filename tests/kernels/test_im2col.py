@@ -3,7 +3,8 @@ import numpy
 import pytest
 
 from kernels.backend import cupy_or_none
-from kernels.im2col import col2im, conv_output_size, im2col
+from kernels.geometry import conv_output_size
+from kernels.im2col import col2im, im2col
 
 # (image H, W), kernel, pad, stride, dilation: odd shapes, padding larger than the stride,
 # dilation, 1-wide kernels and a stride that skips the last rows.

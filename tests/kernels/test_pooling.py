@@ -3,8 +3,8 @@ import numpy
 import pytest
 
 from kernels.backend import cupy_or_none
-from kernels.pooling import (ave_pool_backward, ave_pool_forward, max_pool_backward, max_pool_forward,
-                             pooled_size)
+from kernels.geometry import pooled_size
+from kernels.pooling import ave_pool_backward, ave_pool_forward, max_pool_backward, max_pool_forward
 
 # (H, W), kernel, pad, stride, ceil rounding
 GEOMETRIES = [

@@ -91,7 +91,7 @@ def test_shapes_without_an_fp32_engine_go_to_im2col_whole(monkeypatch, caplog):
     backward of those shapes both run through the im2col engine, with one warning."""
     import types
 
-    from kernels.im2col import conv_output_size
+    from kernels.geometry import conv_output_size
     from scaffe.layer_impls.convolution import ConvEngine
 
     class Declined(Exception):
