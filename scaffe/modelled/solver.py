@@ -20,16 +20,20 @@ def compute_profile_setting(flag=""):
     return flag or os.environ.get("SCAFFE_COMPUTE_PROFILE", "").strip()
 
 
+def _resolved(path, source):
+    """A path of the solver file `source`: as given, else beside the solver file (as Solver._resolve)."""
+    if source and not os.path.exists(path):
+        return os.path.join(os.path.dirname(os.path.abspath(source)), path)
+    return path
+
+
 def _data_shape(net_param, source):
     """(C, H, W) of the first Data layer's first record, or None without a Data layer."""
     from scaffe.data.datum import datum_to_array
     from scaffe.data.lmdb_reader import open_database
     for layer in net_param.layer:
         if layer.type == "Data":
-            path = layer.data_param.source
-            if source and not os.path.exists(path):
-                path = os.path.join(os.path.dirname(os.path.abspath(source)), path)
-            with open_database(path) as database:
+            with open_database(_resolved(layer.data_param.source, source)) as database:
                 for _, value in database.items():
                     return datum_to_array(value)[0].shape
     return None
@@ -72,10 +76,7 @@ def modelled_solver(param, spec, source=None, rank=0, size=1):
     elif param.HasField("train_net_param"):
         net_param.CopyFrom(param.train_net_param)
     else:
-        path = param.net or param.train_net
-        if source and not os.path.exists(path):
-            path = os.path.join(os.path.dirname(os.path.abspath(source)), path)
-        net_param = sio.read_net_prototxt(path)
+        net_param = sio.read_net_prototxt(_resolved(param.net or param.train_net, source))
     cls = solver_class(param.type)
     net = ModelledNet(net_param, spec, _data_shape(net_param, source), cls.history_sets)
     net.rank, net.size = rank, size
@@ -103,7 +104,6 @@ class ModelledReport(SolverCallback):
 
     def __init__(self, solver, comm=None):
         self.solver, self.comm = solver, comm
-        self.seconds = []
         self._started = None
         solver.callbacks.append(self)
 
