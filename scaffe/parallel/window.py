@@ -20,8 +20,8 @@ from collectives import waiting
 from collectives.settings import positive_int
 from scaffe.parallel.streams import Started
 
-# Measured in perf/RESULTS.md ("Requests in flight"): LeNet cut into 20000-byte messages (about 160 a
-# backward per communicator) is as fast at 32 as unbounded; 16 cost 8%, 4 cost 1.8x.
+# The least that was as fast as no bound for LeNet cut into 20000-byte messages (perf/RESULTS.md,
+# "Requests in flight").
 REQUESTS_IN_FLIGHT = 32
 
 
