@@ -5,8 +5,9 @@ and hooks are the real ones. No activation is allocated and no compute kernel im
 
 The device is modelled as one stream: `clock` is when the work queued so far ends. A layer starts when the
 layer before it has ended, or later when the host waited longer than SLACK_S for its parameters (a real
-dependency, not the host's own overhead, which a GPU's queue hides); the solver's updates are on the same
-stream (scaffe.modelled.solver).
+dependency, not the host's own overhead, which a GPU's queue hides). The solver's updates have a stream of
+their own, as on a GPU (scaffe.parallel.streams): one after the other, beside the layers
+(scaffe.modelled.solver).
 
 Every value is known in advance (scaffe.modelled.values): each backward writes its blobs' gradients as
 determined by rank, iteration and blob; before each forward, the layer's parameters must be those of the
@@ -65,6 +66,7 @@ class ModelledNet:
         self.iteration = 0            # the solver's, at the start of each forward
         self.passes = 0               # of this iteration, for the gradients' accumulation
         self.clock = 0.0
+        self.update_clock = 0.0  # when the update stream's work queued so far ends
 
     # ------------------------------------------------------------ what Net offers the solver and schedules
 
@@ -138,18 +140,23 @@ class ModelledNet:
         self.iteration = iteration
         self.clock = max(self.clock, time.perf_counter())
 
-    def wait(self, seconds, idle=True):
+    def wait_update(self, seconds):
+        """The solver's update of a piece on the update stream: queued behind the updates before it, not behind
+        the layers the compute stream holds; the host waits for it (it is short)."""
+        self.update_clock = max(self.update_clock, time.perf_counter()) + seconds
+        left = self.update_clock - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def wait(self, seconds):
         """Queue `seconds` of device work and wait until the device is done with it, calling the idle hooks
-        every POLL_S (dilated) meanwhile: on a GPU the host thread runs ahead of the device and reaches the schedule's
-        next look at arrived sums while the device computes (an update it makes goes on the clock too).
-        `idle` False: a wait made inside a schedule's own work (the solver's update), which the idle hooks
-        would re-enter."""
+        every POLL_S (dilated) meanwhile: on a GPU the host thread runs ahead of the device and reaches the
+        schedule's next look at arrived sums while the device computes."""
         self.clock = max(self.clock, time.perf_counter() - SLACK_S) + seconds
         while True:
             left = self.clock - time.perf_counter()
             if left <= 0:
                 return
-            time.sleep(min(left, self.poll_s) if idle else left)
-            if idle:
-                for hook in self.idle_hooks:
-                    hook()
+            time.sleep(min(left, self.poll_s))
+            for hook in self.idle_hooks:
+                hook()

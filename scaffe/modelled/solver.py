@@ -50,7 +50,7 @@ class ModelledUpdates:
             values.check_gradient(net, pid, start, stop, diff, float(grad_scale), self.update_iter,
                                   self.param.iter_size)
             count += stop - start
-        net.wait(net.profile.update(count), idle=False)  # inside a schedule's hook: no schedule called back
+        net.wait_update(net.profile.update(count))
         for pid, start, stop in segments:
             self.data_of(pid, slice(start, stop))[...] = values.parameter(self.update_iter, pid)
 

@@ -27,8 +27,8 @@ Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag p
 summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
 
 On a GPU the buckets are device buffers of the gradients' own array module, packed on the compute
-stream; each bucket's Iallreduce starts once an event after its packing has completed (see
-scaffe.parallel.streams). The flags and the budget then travel in a small host Iallreduce of their
+stream; each bucket's Iallreduce starts once an event after its packing has completed, and its update runs
+on the update stream, which the next forward of its layers waits for (see scaffe.parallel.streams). The flags and the budget then travel in a small host Iallreduce of their
 own, after the last bucket: reading them from a device bucket would make the host wait for the device.
 """
 import numpy
@@ -81,6 +81,7 @@ class AllreduceSchedule(Schedule):
         self._buckets, self._finished, self._sent = [], 0, 0
         self._pending, self._pending_bytes = [], 0
         self._flags = self._flags_request = None
+        self.order.updates_after(self.order.mark())  # a held bucket's update writes the gradients just cleared
         self.sync_once()
 
     def param_needed(self, layer_id):
@@ -89,10 +90,12 @@ class AllreduceSchedule(Schedule):
         while self._incoming and self._incoming[0].first_layer() <= layer_id:
             self._update_held(self._incoming.pop(0))
         self.held_updates_in_forward += done - len(self._incoming)
+        self.order.parameters_needed(layer_id)
 
     def on_parameters_read(self):
         while self._incoming:
             self._update_held(self._incoming.pop(0))
+        self.order.updates_done()
 
     def grads_ready(self, layer_id):
         if not self.last_pass():
@@ -173,6 +176,7 @@ class AllreduceSchedule(Schedule):
         self.agreed = requests_from_flags(self._flags[:self.flag_count])
         self._limit = int(self._flags[self.flag_count])
         self._buckets = []
+        self.order.updates_done()  # the next clear of the gradients, or the update of the whole model
 
     def _start_held(self):
         """Pack the held pieces, lowest layer first, into buckets of their own and start their Iallreduces."""
@@ -201,10 +205,11 @@ class AllreduceSchedule(Schedule):
         to them)."""
         scale = numpy.float32(1.0 / self.size)
         rate, iteration = bucket.step if bucket.step is not None else (self.solver.get_learning_rate(), None)
-        with timeline.updating():
+        with timeline.updating(), self.order.updating():
             for piece, start, stop in bucket.layout:
                 self.xp.multiply(bucket.flat[start:stop], scale, out=piece.diff)
                 if self._by_piece:
                     self.solver.update_elements(piece.segments, rate, iteration=iteration)
                 if bucket.step is not None:
                     piece.diff.fill(0)
+        self.order.updated({layer for piece, _, _ in bucket.layout for layer in piece.layers})

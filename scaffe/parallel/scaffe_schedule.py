@@ -33,8 +33,9 @@ rank with batch P*B on the same samples: each rank's loss is normalised by its o
 the P gradients is the gradient of the P*B batch.
 
 On a GPU a piece is a slice of the solver's flat buffers, the root's update of a piece is one kernel, and every collective starts after an event on the compute stream (after the
-layer's backward, or after the root's update of it): scaffe.parallel.streams. The next iteration's
-layer i forward waits on the device for the event that marks layer i's parameters.
+layer's backward, or after the root's update of it, which runs on a stream of its own beside the
+layers): scaffe.parallel.streams. The next iteration's layer i forward waits on the device for the event
+that marks layer i's parameters.
 
 The state, and the orders it keeps (each rank's own program order is what MPI matches collectives by):
 - A piece of work is a message of scaffe.parallel.pieces; its `key` (its span in the flat buffers) is its
@@ -101,6 +102,7 @@ class SCaffeSchedule(Schedule):
         self.passes = 0
         del self._reduces[:self._updated]  # what is left: held pieces of the last iteration
         self._updated, self._propagating, self._sent, self._limit = 0, [], 0, None
+        self.order.updates_after(self.order.mark())  # a held piece's update writes the gradients just cleared
         self._announce_requests()
         if self.synced:
             return
@@ -172,11 +174,13 @@ class SCaffeSchedule(Schedule):
                 self._average([entry[0] for entry in self._reduces])
                 self.solver.get_learning_rate()  # before clipping, as in the solver's own update
                 self.solver.clip_gradients()
+                self.order.updates_after(self.order.mark())
             self._update_arrived(wait=True, until=finishing)
             self._budget.measure(self._sent, self._sent + held, kept_up)
         self.wait_all([entry[-1] for entry in self._reduces[:finishing]] + [self._flags_reduce, self._announce],
                       "gradients")
         self._finish_propagation()
+        self.order.updates_done()  # the next iteration clears the gradients they read
         self.agreed = requests_from_flags(self._flags_down[:self.flag_count])
 
     def on_parameters_read(self):
@@ -188,6 +192,7 @@ class SCaffeSchedule(Schedule):
                 self.wait_all(self._incoming.pop(layer_id), "parameters", layer_id)
                 self.order.parameters_arrived(layer_id)
         self._finish_propagation()
+        self.order.updates_done()
 
     def _finish_propagation(self):
         self.wait_all([request for _, request in self._propagating], "parameters")
@@ -256,7 +261,7 @@ class SCaffeSchedule(Schedule):
         for piece, staged, step, _ in self.arrived(entries, self._updated, wait):
             self._updated += 1
             rate, iteration = step if step is not None else (self.solver.get_learning_rate(), None)
-            with timeline.updating():
+            with timeline.updating(), self.order.updating():
                 if staged is not None:
                     piece.diff[...] = staged
                 # Averaged here, or all at once before clipping.
@@ -264,7 +269,7 @@ class SCaffeSchedule(Schedule):
                                             iteration)
                 if staged is not None:
                     piece.diff.fill(0)  # the diffs were (or will be) cleared for the next passes
-            self._propagate(piece, self.order.mark())
+            self._propagate(piece, self.order.updated(piece.layers))
 
     def _average(self, pieces):
         scale = numpy.float32(1.0 / self.size)

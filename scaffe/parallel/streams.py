@@ -12,10 +12,20 @@ the same way. Parameters that arrived for the next iteration are marked per laye
 propagation stream, and layer i's forward waits for its own event on the device (S-Caffe's multi-stage
 propagation), not for the whole transfer.
 
+The solver's updates of pieces (the S-Caffe root's, every rank's in the allreduce schedule) run on an update
+stream of their own, beside the layers: queued on the compute stream, an update would wait behind every
+layer the host had queued by then, and the parameters' broadcast behind it. A piece's update follows its
+collective, whose request completes when the sum is in the buffer; the update stream also waits for the
+compute stream's clearing of the gradients at each iteration's start (`updates_after`, a held piece's update
+writes them); the next forward of the piece's layers waits for its event (`updated`), and the compute stream
+for all of them before the next iteration clears the gradients or anything reads the parameters
+(`updates_done`).
+
 Every collective of a schedule goes through one FIFO thread, so each rank starts them in its program
 order, as MPI requires. Without MPI_THREAD_MULTIPLE no other thread may call MPI: the training thread
 then waits for each event itself and starts the collective.
 """
+import contextlib
 import queue
 import threading
 
@@ -45,6 +55,21 @@ class HostOrder:
     def parameters_needed(self, layer_id):
         """Before layer `layer_id`'s forward: nothing to order on the host."""
 
+    def updates_after(self, event):
+        """The updates queued from now on follow event `event` of the compute stream: on the host they do."""
+
+    @staticmethod
+    def updating():
+        """Where the solver's update of a piece runs: the training thread, in order."""
+        return contextlib.nullcontext()
+
+    def updated(self, layers):
+        """The updates so far wrote the parameters of `layers`: what a broadcast of them starts after."""
+        return None
+
+    def updates_done(self):
+        """The compute's later work follows every update so far: on the host it does."""
+
 
 class Started:
     """A collective the communication thread starts: `request()` waits until it has (it may raise its error)."""
@@ -73,6 +98,7 @@ class DeviceOrder:
         self.compute = cupy.cuda.get_current_stream()
         self.propagation = cupy.cuda.Stream(non_blocking=True)
         self.communication = cupy.cuda.Stream(non_blocking=True)  # the gradients' collectives
+        self.update = cupy.cuda.Stream(non_blocking=True)  # the solver's updates of pieces, beside the layers
         self._arrived = [None] * layer_count  # layer -> event on the propagation stream, until its forward
         self._queue = queue.Queue()
         self._thread = None
@@ -129,6 +155,27 @@ class DeviceOrder:
         event, self._arrived[layer_id] = self._arrived[layer_id], None
         if event is not None:
             self.compute.wait_event(event)
+
+    def updates_after(self, event):
+        """The updates queued from now on wait for `event` (None: nothing to wait for)."""
+        if event is not None:
+            self.update.wait_event(event)
+
+    def updating(self):
+        """A `with` block whose kernels (a piece's update) go to the update stream."""
+        return self.update
+
+    def updated(self, layers):
+        """An event after the updates queued so far, which wrote `layers`' parameters: each of their next
+        forwards waits for it (`parameters_needed`); a broadcast of them starts after it."""
+        event = self.update.record()
+        for layer_id in layers:
+            self._arrived[layer_id] = event
+        return event
+
+    def updates_done(self):
+        """The compute stream's later work waits for every update queued so far."""
+        self.compute.wait_event(self.update.record())
 
     def close(self):
         """Stop the communication thread (after the collectives handed to it have started)."""

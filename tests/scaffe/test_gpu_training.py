@@ -172,6 +172,58 @@ def test_collectives_wait_for_their_layer_alone(cupy_stand_in, monkeypatch, sche
     assert gradients[0][1] < compute._queued  # backward went on after the first collective's layer
 
 
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+def test_updates_run_beside_the_layers_and_before_their_forward(cupy_stand_in, monkeypatch, schedule):
+    """The solver's updates of pieces go to the update stream, not behind the layers queued on the compute
+    stream; each follows the iteration's clearing of the gradients (a held piece's update writes them); each
+    layer's forward is ordered after its parameters' update; and training is that of one process (pieces held
+    back by a budget included)."""
+    import collectives
+    from mpi4py import MPI
+
+    from scaffe.parallel import attach
+    from scaffe.solvers.callbacks import SolverCallback
+    stand_in = cupy_stand_in._stand_in
+    monkeypatch.setenv("SCAFFE_MESSAGE_BYTES", "1")
+    monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "30000")  # ip2 during backward, the rest held
+    _, alone = lenet_solvers(cupy_stand_in, "SGD")
+    _, device = lenet_solvers(cupy_stand_in, "SGD")
+    compute = cupy_stand_in.cuda.get_current_stream()
+    attach(device, collectives.Comm(MPI.COMM_WORLD), schedule)
+    order = device.callbacks[-1].order
+    wrote, beside, cleared, ended = {}, [], [0], [0]
+
+    class Cleared(SolverCallback):
+        def on_start(self):  # after the schedule's own, right after the gradients were cleared
+            assert stand_in.ordered_after(compute, order.update) >= ended[0]  # the updates read them first
+            cleared[0] = compute._queued
+
+        def on_gradients_ready(self):
+            ended[0] = order.update._queued
+    device.callbacks.append(Cleared())
+    updated = order.updated
+
+    def recording(layers):
+        assert stand_in.ordered_after(order.update, compute) >= cleared[0]
+        beside.append(stand_in.ordered_after(order.update, compute) < compute._queued)
+        for layer_id in layers:
+            wrote[layer_id] = order.update._queued
+        return updated(layers)
+    monkeypatch.setattr(order, "updated", recording)
+
+    def forward_ordered(layer_id):
+        if layer_id in wrote:
+            assert stand_in.ordered_after(compute, order.update) >= wrote[layer_id], layer_id
+    device.net.add_hooks(on_param_needed=forward_ordered)
+    alone.step(3)
+    device.step(3)
+    assert any(beside) and order.update._queued > 0
+    assert device.callbacks[-2].held_updates_in_forward > 0
+    for a, b in zip([p.data for p in device.net.learnable_params] + list(device.history),
+                    [p.data for p in alone.net.learnable_params] + list(alone.history)):
+        numpy.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-6, atol=1e-7)
+
+
 def test_helper_threads_work_on_the_ranks_device(cupy_stand_in, monkeypatch):
     """The collectives' progress thread and the schedules' communication thread take the device of the thread
     that started them (a new thread would be on device 0)."""
