@@ -193,6 +193,8 @@ class AllreduceSchedule(Schedule):
         """Unpack, in launch order, this backward's buckets whose sums have arrived (all, with `wait`)."""
         for bucket in self.arrived([(b, b.request) for b in self._buckets], self._finished, wait):
             self._finished += 1
+            if bucket[0].layout:  # as `started`: a bucket of gradients
+                self._budget.arrived(bucket[0].flat.nbytes)
             self._unpack(bucket[0])
 
     def _update_held(self, bucket):

@@ -8,11 +8,19 @@ of behind it, and that tail's reduce, update and broadcast hide behind the next 
 SCAFFE_BACKWARD_BYTES sets the budget. Unset, there is none: nothing is held back (on the bed no budget
 made AlexNet's iteration faster: perf/RESULTS.md, "Held buckets for the allreduce schedule, and the
 budget's default"). SCAFFE_BACKWARD_BYTES=measured has rank 0 (the S-Caffe schedule's root) measure it
-each iteration from the collectives started during backward: if they had all arrived when backward
-ended, the wire kept up and the budget doubles (nothing is held once it covers every gradient); if not, the wire
-carried them at the rate `bytes / (last arrival - first start)`, and the budget is what that rate carries
-during the backward. Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every
-rank holds back the same pieces and posts its collectives in the same order.
+each iteration from the collectives started during backward, seen as they arrive. If they had not all
+arrived when backward ended, the wire was the bottleneck: the budget is what the wire's rate carries in
+as long as the backward lasted from the first of them (the other ranks, whose backward may end later,
+have as long). If they had, the wire kept up: the budget grows by what that rate carries in the rest of
+the backward, and at least by the largest collective (nothing is held once it covers every gradient).
+Without a rate (fewer than two arrivals) it doubles, or is what the bytes sent took:
+`sent * (backward end - first start) / (last arrival - first start)`. The
+wire's rate is their bytes over the time the wire spent on each, from when it could begin (it had been
+started and the one before had arrived) to its arrival, the first left out. A measurement can only see
+the wire slower than it is (a gap it cannot tell from the wire's own time), so the rate used is the largest
+measured, less RATE_DECAY of it per iteration since (a link that became slower is believed within tens
+of iterations; on the bed single measurements of one link ranged over 0.8-1x of the largest). Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every rank holds
+back the same pieces and posts its collectives in the same order.
 """
 import os
 import time
@@ -20,7 +28,8 @@ import time
 from collectives.settings import positive_int
 
 UNLIMITED = -1  # the budget's value on the wire when nothing is held back
-GROWTH_FLOOR = 1 << 20  # a budget that kept up grows to at least this many bytes, even from 0
+GROWTH_FLOOR = 1 << 20  # a budget that kept up grows to at least this many bytes, even from 0 (doubling)
+RATE_DECAY = 0.02  # what the largest wire rate measured loses each iteration it is not measured again
 
 
 def backward_bytes():
@@ -38,12 +47,18 @@ class Budget:
         """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back."""
         self.fixed = fixed if holds else UNLIMITED
         self.value = UNLIMITED if self.fixed is None else self.fixed
-        self._first = self._backward_end = None
+        self._backward_end = None
+        self._starts = []    # when this backward's collectives started, in order
+        self._arrivals = []  # (when seen, bytes) of the same collectives, in the same order
+        self.rate = None     # the wire's bytes per second, as measured (see the module's docstring)
 
     def started(self):
-        """A gradient reduce of this backward started."""
-        if self._first is None:
-            self._first = time.perf_counter()
+        """A gradient collective of this backward started."""
+        self._starts.append(time.perf_counter())
+
+    def arrived(self, nbytes):
+        """The oldest collective `started` and not yet seen arrived, of `nbytes` of gradients, is complete."""
+        self._arrivals.append((time.perf_counter(), nbytes))
 
     def backward_done(self):
         self._backward_end = time.perf_counter()
@@ -51,12 +66,40 @@ class Budget:
     def measure(self, sent, total, kept_up):
         """Every reduce started during backward (`sent` bytes of this iteration's `total`) has arrived;
         `kept_up`: they had all arrived when backward ended. Sets the budget of the iterations to come."""
-        first, self._first = self._first, None
-        if self.fixed is not None or first is None or self._backward_end is None:
+        starts, arrivals, self._starts, self._arrivals = self._starts, self._arrivals, [], []
+        if self.fixed is not None or self._backward_end is None or (kept_up and self.value == UNLIMITED):
             return
+        if not arrivals:  # nothing fitted: the wire waited for the held pieces
+            self.value = max(2 * self.value, GROWTH_FLOOR)
+            return
+        rate = self._believed_rate(_wire_rate(starts, arrivals))
+        end = self._backward_end
         if kept_up:
-            grown = max(2 * sent, GROWTH_FLOOR)
-            self.value = UNLIMITED if self.value == UNLIMITED or grown >= total else grown
+            idle = max(0.0, end - arrivals[-1][0])
+            grown = sent + max(int(rate * idle) if rate is not None else sent,
+                               max(nbytes for _, nbytes in arrivals))
+            self.value = UNLIMITED if grown >= total else max(grown, GROWTH_FLOOR)
+        elif rate is not None:
+            self.value = int(rate * (end - starts[0]))
         else:
-            wire = time.perf_counter() - first
-            self.value = max(0, int(sent * (self._backward_end - first) / wire)) if wire > 0 else UNLIMITED
+            self.value = int(sent * (end - starts[0]) / (arrivals[-1][0] - starts[0]))
+
+    def _believed_rate(self, measured):
+        """The largest rate measured, decayed by RATE_DECAY an iteration, or `measured` where larger."""
+        if self.rate is not None:
+            self.rate *= 1 - RATE_DECAY
+        if measured is not None and (self.rate is None or measured > self.rate):
+            self.rate = measured
+        return self.rate
+
+
+def _wire_rate(starts, arrivals):
+    """Bytes per second on the wire: the collectives' bytes (the first's left out) over the time the wire
+    spent on each, from the later of its start and the previous arrival to its own; None without such time."""
+    carried = spent = 0.0
+    for k in range(1, min(len(starts), len(arrivals))):
+        began = max(starts[k], arrivals[k - 1][0])
+        if arrivals[k][0] > began:
+            carried += arrivals[k][1]
+            spent += arrivals[k][0] - began
+    return carried / spent if spent > 0 else None

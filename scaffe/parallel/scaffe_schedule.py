@@ -260,6 +260,8 @@ class SCaffeSchedule(Schedule):
         entries = self._reduces if until is None else self._reduces[:until]
         for piece, staged, step, _ in self.arrived(entries, self._updated, wait):
             self._updated += 1
+            if step is None and staged is None:  # sent during this backward: the budget measures the wire
+                self._budget.arrived(piece.diff.nbytes)
             rate, iteration = step if step is not None else (self.solver.get_learning_rate(), None)
             with timeline.updating(), self.order.updating():
                 if staged is not None:
