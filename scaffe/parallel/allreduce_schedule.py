@@ -62,7 +62,7 @@ class AllreduceSchedule(Schedule):
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
         # snapshot_diff (the snapshot would show their diff cleared).
-        self._budget = Budget(backward_bytes(), self._by_piece and not solver.param.snapshot_diff)
+        self._budget = Budget(backward_bytes(), self._by_piece and not solver.param.snapshot_diff, self.order)
         self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
         self._sent = 0             # bytes of gradients packed during this backward
         self._buckets = []         # this backward's Buckets

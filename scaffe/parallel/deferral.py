@@ -19,8 +19,11 @@ wire's rate is their bytes over the time the wire spent on each, from when it co
 started and the one before had arrived) to its arrival, the first left out. A measurement can only see
 the wire slower than it is (a gap it cannot tell from the wire's own time), so the rate used is the largest
 measured, less RATE_DECAY of it per iteration since (a link that became slower is believed within tens
-of iterations; on the bed single measurements of one link ranged over 0.8-1x of the largest). Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every rank holds
-back the same pieces and posts its collectives in the same order.
+of iterations; on the bed single measurements of one link ranged over 0.8-1x of the largest). On a GPU
+the host queues the backward ahead of the device: the backward is then timed by events on the compute
+stream, the latest whose events have completed (the host never waits for them). Rank 0's budget reaches the other ranks
+(with the stop/snapshot flags), so every rank holds back the same pieces and posts its collectives in the
+same order.
 """
 import os
 import time
@@ -43,17 +46,25 @@ def backward_bytes():
 class Budget:
     """Rank 0's budget of bytes for each backward, set or measured."""
 
-    def __init__(self, fixed, holds=True):
-        """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back."""
+    def __init__(self, fixed, holds=True, order=None):
+        """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back; `order`:
+        the schedule's scaffe.parallel.streams order, whose marks time the backward where the host queues
+        ahead of the device (a GPU)."""
         self.fixed = fixed if holds else UNLIMITED
         self.value = UNLIMITED if self.fixed is None else self.fixed
+        self._order = order
         self._backward_end = None
+        self._marks = [None, None]  # the device's (first start, backward end), where it has marks
+        self._timed = []     # such pairs of earlier backwards, not yet completed on the device
+        self._window = None  # the latest backward's length as the device ran it
         self._starts = []    # when this backward's collectives started, in order
         self._arrivals = []  # (when seen, bytes) of the same collectives, in the same order
         self.rate = None     # the wire's bytes per second, as measured (see the module's docstring)
 
     def started(self):
         """A gradient collective of this backward started."""
+        if not self._starts and self._order is not None and self.fixed is None:
+            self._marks[0] = self._order.mark()
         self._starts.append(time.perf_counter())
 
     def arrived(self, nbytes):
@@ -62,6 +73,8 @@ class Budget:
 
     def backward_done(self):
         self._backward_end = time.perf_counter()
+        if self._order is not None and self.fixed is None and self._starts:
+            self._marks[1] = self._order.mark()
 
     def measure(self, sent, total, kept_up):
         """Every reduce started during backward (`sent` bytes of this iteration's `total`) has arrived;
@@ -80,9 +93,25 @@ class Budget:
                                max(nbytes for _, nbytes in arrivals))
             self.value = UNLIMITED if grown >= total else max(grown, GROWTH_FLOOR)
         elif rate is not None:
-            self.value = int(rate * (end - starts[0]))
+            window = self._device_window()
+            self.value = int(rate * (end - starts[0] if window is None else window))
         else:
             self.value = int(sent * (end - starts[0]) / (arrivals[-1][0] - starts[0]))
+
+    def _device_window(self):
+        """The backward's length from its first collective's start, as the device ran it: the latest one
+        whose marks have completed (the device runs behind the host: an earlier iteration's, or this one's
+        where it has finished); None without marks or before any completed (the host's times then)."""
+        marks, self._marks = self._marks, [None, None]
+        if None not in marks:
+            self._timed = self._timed[-1:] + [marks]  # a device that never reports completion holds two
+        while self._timed:
+            window = self._order.elapsed(*self._timed[0])
+            if window is None:
+                break
+            self._window = window
+            self._timed.pop(0)
+        return self._window
 
     def _believed_rate(self, measured):
         """The largest rate measured, decayed by RATE_DECAY an iteration, or `measured` where larger."""

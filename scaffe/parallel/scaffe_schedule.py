@@ -78,7 +78,7 @@ class SCaffeSchedule(Schedule):
         # Held pieces finish after the iteration: not with clipping (every sum first) nor snapshot_diff
         # (the snapshot would show their diff cleared).
         holds = self._per_piece and not solver.param.snapshot_diff
-        self._budget = Budget(backward_bytes(), holds) if self.rank == self.root else None
+        self._budget = Budget(backward_bytes(), holds, self.order) if self.rank == self.root else None
         self._bcasts = {}      # layer index -> requests, for the first forward only
         self._propagating = []  # (layers, request) of the parameter broadcasts to finish this iteration
         # The root's work, in reduce order: (piece, staging buffer or None, (rate, iteration) of the

@@ -70,6 +70,12 @@ class HostOrder:
     def updates_done(self):
         """The compute's later work follows every update so far: on the host it does."""
 
+    @staticmethod
+    def elapsed(start, end):
+        """Seconds between two `mark`s as the device ran them: None on the host (the host's clock is the
+        device's; its marks are None)."""
+        return None
+
 
 class Started:
     """A collective the communication thread starts: `request()` waits until it has (it may raise its error)."""
@@ -176,6 +182,13 @@ class DeviceOrder:
     def updates_done(self):
         """The compute stream's later work waits for every update queued so far."""
         self.compute.wait_event(self.update.record())
+
+    def elapsed(self, start, end):
+        """Seconds between events `start` and `end` of the compute stream as the device ran them (the host
+        queues ahead of it); None while `end` has not completed (the host does not wait for it)."""
+        if not end.done:
+            return None
+        return self.cupy.cuda.get_elapsed_time(start, end) / 1000
 
     def close(self):
         """Stop the communication thread (after the collectives handed to it have started)."""

@@ -224,6 +224,39 @@ def test_updates_run_beside_the_layers_and_before_their_forward(cupy_stand_in, m
         numpy.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("schedule", ["scaffe", "allreduce"])
+def test_a_measured_budget_times_the_backward_on_the_device(cupy_stand_in, monkeypatch, schedule):
+    """The host queues a GPU's backward ahead of the device, so the measured budget times it by the compute
+    stream's events once they have run, without waiting for them (no host synchronisation), and training is
+    that of one process."""
+    import collectives
+    from mpi4py import MPI
+
+    from scaffe.parallel import attach
+    stand_in = cupy_stand_in._stand_in
+    monkeypatch.setenv("SCAFFE_MESSAGE_BYTES", "1")
+    syncs = {}
+    for budget in ("", "measured"):  # none set, then measured: the same host synchronisations
+        monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", budget)
+        _, device = lenet_solvers(cupy_stand_in, "SGD")
+        attach(device, collectives.Comm(MPI.COMM_WORLD), schedule)
+        order = device.callbacks[-1].order
+        windows = []
+        elapsed = order.elapsed
+        monkeypatch.setattr(order, "elapsed", lambda start, end: windows.append(elapsed(start, end)) or windows[-1])
+        before = stand_in.host_syncs()
+        device.step(4)
+        syncs[budget] = stand_in.host_syncs() - before
+    assert syncs["measured"] == syncs[""]
+    assert windows and all(window is None or window >= 0 for window in windows)
+    assert any(window is not None for window in windows)
+    _, alone = lenet_solvers(cupy_stand_in, "SGD")
+    alone.step(4)
+    for a, b in zip([p.data for p in device.net.learnable_params] + list(device.history),
+                    [p.data for p in alone.net.learnable_params] + list(alone.history)):
+        numpy.testing.assert_allclose(to_host(a), to_host(b), rtol=1e-6, atol=1e-7)
+
+
 def test_helper_threads_work_on_the_ranks_device(cupy_stand_in, monkeypatch):
     """The collectives' progress thread and the schedules' communication thread take the device of the thread
     that started them (a new thread would be on device 0)."""
