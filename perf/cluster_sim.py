@@ -3,10 +3,11 @@ namespaces (jobs/cluster.sh), time dilated so that the CPU stays out of the way,
 ranks per host, link rates and schedules. One line per run:
 
     RESULT net=N gpu=G hosts=H per_host=R link=L schedule=S iter_ms=X compute_ms=C grad_bytes=B bound_ms=Y
-           x_bound=Z efficiency=E cpu_busy=F dilation=D rss_mb=M
+           x_bound=Z efficiency=E cpu_busy=F dilation=D rss_mb=M total_mb=T
 
 iter_ms is undilated (scaffe train's `Modelled:` line), compute_ms one rank's modelled iteration, efficiency
-the weak-scaling efficiency against one GPU (compute_ms / iter_ms), rss_mb the largest rank's resident memory.
+the weak-scaling efficiency against one GPU (compute_ms / iter_ms), rss_mb the largest rank's resident memory,
+total_mb all ranks' proportional set size together (shared pages counted once: what the machine holds).
 Each schedule's lower bound (B the gradients' bytes, T a link's bytes per second, C compute_ms, H hosts; the
 ranks of a host meet in shared memory, which the bound leaves out):
 - native: C + 2 (H-1)/H B / T. MPI's Allreduce follows the backward (no overlap), and no allreduce moves
@@ -43,7 +44,8 @@ CLUSTER = ROOT / "jobs" / "cluster.sh"
 BED = "csim"
 BUSY_TARGET = 0.2
 MODELLED = re.compile(r"Modelled: ([0-9.]+) ms per iteration .* one rank's compute ([0-9.]+) ms, gradients (\d+) "
-                      r"bytes, cpu_busy ([0-9.]+), dilation ([0-9.e+]+), largest rank's memory ([0-9.]+) MB")
+                      r"bytes, cpu_busy ([0-9.]+), dilation ([0-9.e+]+), largest rank's memory ([0-9.]+) MB, "
+                      r"all ranks' ([0-9.]+) MB")
 RATE = re.compile(r"^([0-9.]+)([kmg]?)bit$")
 
 
@@ -103,8 +105,8 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
     if done.returncode != 0 or match is None:
         raise SystemExit(f"run failed ({hosts} hosts x {per_host}, {schedule}, D={dilation}):\n"
                          f"{(done.stdout + done.stderr)[-3000:]}")
-    iter_ms, compute_ms, grad_bytes, busy, _, rss_mb = (float(g) for g in match.groups())
-    return iter_ms, compute_ms, int(grad_bytes), busy, rss_mb
+    iter_ms, compute_ms, grad_bytes, busy, _, rss_mb, total_mb = (float(g) for g in match.groups())
+    return iter_ms, compute_ms, int(grad_bytes), busy, rss_mb, total_mb
 
 
 def pick_dilation(args, solver, hosts, per_host, rate_bits, schedule):
@@ -155,7 +157,7 @@ def main(argv=None):
                     dilation = (pick_dilation(args, solver, hosts, per_host, rate_bits, schedules[0])
                                 if args.dilation == "auto" else float(args.dilation))
                     for schedule in schedules:
-                        iter_ms, compute_ms, grad_bytes, busy, rss_mb = modelled_run(
+                        iter_ms, compute_ms, grad_bytes, busy, rss_mb, total_mb = modelled_run(
                             solver, args.profile, hosts, per_host, rate_bits, schedule, dilation, args.iterations,
                             args.scale)
                         bound = bound_ms(schedule, compute_ms, grad_bytes, hosts, rate_bits / 8)
@@ -163,7 +165,8 @@ def main(argv=None):
                                    link=link, schedule=schedule, iter_ms=f"{iter_ms:.2f}",
                                    compute_ms=f"{compute_ms:.2f}", grad_bytes=grad_bytes, bound_ms=f"{bound:.2f}",
                                    x_bound=f"{iter_ms / bound:.3f}", efficiency=f"{compute_ms / iter_ms:.3f}",
-                                   cpu_busy=f"{busy:.3f}", dilation=f"{dilation:g}", rss_mb=f"{rss_mb:.0f}")
+                                   cpu_busy=f"{busy:.3f}", dilation=f"{dilation:g}", rss_mb=f"{rss_mb:.0f}",
+                                   total_mb=f"{total_mb:.0f}")
                         rows.append(row)
                         print("RESULT " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if args.plot:

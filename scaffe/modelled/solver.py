@@ -99,7 +99,8 @@ def modelled_solver(param, spec, source=None, rank=0, size=1):
 
 class ModelledReport(SolverCallback):
     """Solver callback: the modelled run's iteration time after the first WARMUP iterations, and, at the end,
-    every rank's CPU seconds over the host's cores times the wall time (how busy the CPU was)."""
+    every rank's CPU seconds over the host's cores times the wall time (how busy the CPU was), the largest
+    rank's peak memory and all ranks' memory together (what a machine must hold for them)."""
     WARMUP = 2
 
     def __init__(self, solver, comm=None):
@@ -121,21 +122,34 @@ class ModelledReport(SolverCallback):
         wall = time.perf_counter() - wall0
         cpu = _cpu_seconds() - cpu0
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
+        shared_mb = _proportional_mb()
         if self.comm is not None:
             from mpi4py import MPI
             cpu = self.comm.allreduce(cpu)
             wall = self.comm.allreduce(wall, op=MPI.MAX)
             rss_mb = self.comm.allreduce(rss_mb, op=MPI.MAX)
+            shared_mb = self.comm.allreduce(shared_mb)
         iterations = max(1, self.solver.iter - first)
         busy = cpu / (len(os.sched_getaffinity(0)) * wall) if wall > 0 else 0.0
         per_iteration = wall / iterations / time_dilation()
         if self.solver.root_solver:
             net = self.solver.net
             log.info("Modelled: %.2f ms per iteration (undilated, %d iterations after %d), one rank's compute "
-                     "%.2f ms, gradients %d bytes, cpu_busy %.3f, dilation %g, largest rank's memory %.0f MB",
-                     1000 * per_iteration, iterations, first, 1000 * net.iteration_s / time_dilation(),
-                     sum(blob.data.nbytes for blob in net.learnable_params), busy, time_dilation(), rss_mb)
+                     "%.2f ms, gradients %d bytes, cpu_busy %.3f, dilation %g, largest rank's memory %.0f MB, "
+                     "all ranks' %.0f MB", 1000 * per_iteration, iterations, first,
+                     1000 * net.iteration_s / time_dilation(), sum(blob.data.nbytes for blob in net.learnable_params),
+                     busy, time_dilation(), rss_mb, shared_mb)
         return per_iteration, busy
+
+
+def _proportional_mb():
+    """This process's share of the machine's memory (Linux's proportional set size: pages shared with
+    other processes, the ranks' libraries among them, counted once in all), 0 where unknown."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Pss:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
 
 
 def _cpu_seconds():

@@ -11,6 +11,7 @@ import pytest
 
 from cluster_jobs import ONE_THREAD, REPO, lenet_solver
 from mpi_harness import MPIEXEC, OPEN_MPI, require_ok, run_command
+from perf.cluster_sim import MODELLED
 
 TRAIN_WORKER = REPO / "tests" / "scaffe" / "workers" / "train_lenet.py"
 ITERATIONS, BATCH, RANKS = 4, 16, 4
@@ -84,7 +85,9 @@ def test_modelled_training_on_two_hosts_launched_as_mpirun_rsh(bed, mnist, tmp_p
     log = job.stdout + job.stderr
     assert "Compute modelled from the k80 model" in log and "Optimization Done." in log, log[-3000:]
     assert "4 ranks on 2 node(s)" in log, log[-3000:]
-    assert "Modelled: " in log and "cpu_busy" in log and "dilation 2" in log, log[-3000:]
+    modelled = MODELLED.search(log)  # what perf/cluster_sim.py reads of it
+    assert modelled is not None and modelled.group(5) == "2", log[-3000:]
+    assert 0 < float(modelled.group(6)) < float(modelled.group(7)), log[-3000:]  # one rank's, all ranks' memory
 
 
 def rank_pids(bed, host):
