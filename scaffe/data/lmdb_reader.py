@@ -2,7 +2,7 @@
 import os
 import threading
 
-from scaffe.data.lmdb_file import LMDBFile, LMDBFormatError
+from scaffe.data.lmdb_file import LMDBFile
 from scaffe.data.sharding import ShardSpec
 from scaffe.log import get_logger
 
@@ -52,10 +52,7 @@ def _open_env(path):
         if "already open in this process" not in str(e):
             raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
     log.info("LMDB %s is already open elsewhere in this process; reading it from its data file", path)
-    try:
-        return LMDBFile(path)
-    except LMDBFormatError as e:
-        raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
+    return LMDBFile(path)
 
 
 def _acquire_env(path):
