@@ -1,5 +1,5 @@
 """Read-only access to an LMDB straight from its data file, for a database py-lmdb will not open again,
-with every read checked to stay inside the file and its pages.
+and the page-level checks scaffe.data.lmdb_check's walk makes before either reader reads a record.
 
 py-lmdb refuses to open an environment that is already open in the same process, so a script that
 opened a training database itself (to look at its records, as pycaffe scripts do) would keep its
@@ -39,7 +39,8 @@ class LMDBFile:
 
     Opening checks the meta pages as liblmdb does and the file's size against the last page they
     name; every page read checks the page's number, its own header and its type, and every node read
-    that it lies inside its page.
+    that it lies inside its page. The tree as a whole (cycles, shared pages, record count) is
+    scaffe.data.lmdb_check's walk.
     """
 
     def __init__(self, path):

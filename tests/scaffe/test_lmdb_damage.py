@@ -1,0 +1,178 @@
+"""Damaged LMDBs: refused with one line naming the database, never a crash, a hang or a silent subset.
+
+The database is written here in one transaction, so every page past the two meta pages belongs to the
+tree (no free pages): the MNIST test set bundled with the repository, 1,000 records of 795 bytes, 3 branch
+pages over 250 leaves. Reads that might crash (SIGBUS, liblmdb's assertions) run in a worker process
+(workers/read_lmdbs.py).
+"""
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaffe import io as sio
+from scaffe.blob import Blob
+from scaffe.layer_impls import create_layer
+from scaffe.proto import caffe_pb2
+from scaffe.tools import compute_image_mean, convert_mnist
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("workers") / "read_lmdbs.py"
+PAGE = 4096
+NO_ROOT = 2 ** 64 - 1
+# The subprocesses import this tree's scaffe, whatever else is installed.
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture(scope="module")
+def mnist_db(tmp_path_factory):
+    data_dir = convert_mnist.bundled_mnist_dir()
+    path = tmp_path_factory.mktemp("mnist") / "mnist_test_lmdb"
+    convert_mnist.convert_mnist(data_dir / "t10k-images-idx3-ubyte.gz", data_dir / "t10k-labels-idx1-ubyte.gz",
+                                path)
+    return path
+
+
+class Layout:
+    """Where the tree of an LMDB data file (liblmdb 0.9, 4 KiB pages) keeps its pages and pointers."""
+
+    def __init__(self, data):
+        self.meta = PAGE if _u64(data, PAGE + 144) > _u64(data, 144) else 0
+        self.root = _u64(data, self.meta + 128)
+        self.pages = len(data) // PAGE
+        self.children = {}       # branch page -> [(file offset of a child's 6-byte page number, the child)]
+        self.leaves = {}         # leaf page -> its number of records
+        self.value_pointers = []  # file offsets of the 8-byte page numbers of values on overflow pages
+        pending = [self.root]
+        while pending:
+            page = pending.pop()
+            at, flags, count = page * PAGE, _u16(data, page * PAGE + 10), (_u16(data, page * PAGE + 12) - 16) // 2
+            nodes = [at + _u16(data, at + 16 + 2 * i) for i in range(count)]
+            if flags == 1:
+                self.children[page] = [(node, int.from_bytes(data[node:node + 6], "little")) for node in nodes]
+                pending.extend(child for _, child in self.children[page])
+            else:
+                self.leaves[page] = count
+                self.value_pointers += [node + 8 + _u16(data, node + 6) for node in nodes if _u16(data, node + 4) & 1]
+        assert 2 + len(self.children) + len(self.leaves) + 2 * len(self.value_pointers) == self.pages
+
+    def lower_branch(self):
+        """A branch page below the root."""
+        return next(page for page in self.children if page != self.root)
+
+
+def _u16(data, at):
+    return struct.unpack_from("<H", data, at)[0]
+
+
+def _u64(data, at):
+    return struct.unpack_from("<Q", data, at)[0]
+
+
+def _write(data, at, value, width):
+    return data[:at] + value.to_bytes(width, "little") + data[at + width:]
+
+
+def save(data, folder):
+    folder.mkdir(parents=True)
+    (folder / "data.mdb").write_bytes(data)
+    return folder
+
+
+def data_layer(source):
+    param = sio.parse_net_text(f'layer {{ name: "mnist" type: "Data" top: "data" top: "label" '
+                               f'data_param {{ source: "{source}" batch_size: 10 backend: LMDB }} }}').layer[0]
+    layer = create_layer(param, caffe_pb2.TEST)
+    layer.setup([], [Blob(), Blob()])
+    return layer
+
+
+def read_in_worker(pairs, timeout=120):
+    """The worker's outcome lines for (original, mutant) pairs; a crash or a hang fails the test."""
+    argv = [str(p) for pair in pairs for p in pair]
+    try:
+        proc = subprocess.run([sys.executable, str(WORKER), *argv], cwd=ROOT, env=ENV, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the reads hung; last lines: {(e.stdout or b'')[-300:]!r}")
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, f"exit {proc.returncode} reading {lines[-1] if lines else None}: {proc.stderr[-2000:]}"
+    return [line for line in lines if "start" not in line]
+
+
+def test_a_truncated_lmdb_is_one_line_and_exit_1(mnist_db, tmp_path):
+    data = (mnist_db / "data.mdb").read_bytes()
+    db = save(data[:353933], tmp_path / "cut")
+    (tmp_path / "net.prototxt").write_text(f"""
+        layer {{ name: "mnist" type: "Data" top: "data" top: "label"
+                 data_param {{ source: "{db}" batch_size: 10 backend: LMDB }} }}
+        layer {{ name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param {{ num_output: 10 }} }}
+        layer {{ name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }}""")
+    (tmp_path / "none.caffemodel").write_bytes(caffe_pb2.NetParameter().SerializeToString())
+    problem = f"LMDB {db}: truncated: 353,933 of {len(data):,} bytes; copy it again"
+    for argv, line in [(["compute_image_mean", str(db)], f"compute_image_mean: {problem}"),
+                       (["test", "-model", "net.prototxt", "-weights", "none.caffemodel", "-iterations", "1"],
+                        f"scaffe test: error: net.prototxt: layer 'mnist' (Data): {problem}")]:
+        proc = subprocess.run([sys.executable, "-m", "scaffe", *argv], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120, env=ENV)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stderr.splitlines()[-1] == line and "Traceback" not in proc.stderr
+
+
+def test_a_damaged_branch_page_is_refused_with_the_count(mnist_db, tmp_path, monkeypatch, capsys, caplog):
+    data = (mnist_db / "data.mdb").read_bytes()
+    layout = Layout(data)
+    branch = layout.lower_branch()
+    # One node less in its header: the records under its last child drop out of every scan.
+    lost = layout.leaves[layout.children[branch][-1][1]]
+    db = save(_write(data, branch * PAGE + 12, _u16(data, branch * PAGE + 12) - 2, 2), tmp_path / "db")
+    assert compute_image_mean.main([str(db)]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"compute_image_mean: LMDB {db}: header says 1,000 records, walk found {1000 - lost:,}; copy it "
+                   "again or rebuild it (SCAFFE_LMDB_PARTIAL=1 reads the records found)\n")
+    monkeypatch.setenv("SCAFFE_LMDB_PARTIAL", "1")
+    caplog.set_level(logging.INFO)
+    assert compute_image_mean.main([str(db)]) == 0
+    assert f"header says 1,000 records, walk found {1000 - lost:,}; reading the {1000 - lost:,} found" in caplog.text
+    assert f"Processed {1000 - lost} files." in caplog.text
+
+
+def test_a_meta_root_on_a_leaf_is_refused_with_the_count(mnist_db, tmp_path):
+    data = (mnist_db / "data.mdb").read_bytes()
+    layout = Layout(data)
+    leaf = min(layout.leaves)
+    db = save(_write(data, layout.meta + 128, leaf, 8), tmp_path / "db")
+    with pytest.raises(sio.CaffeFormatError) as refused:
+        data_layer(db)
+    assert str(refused.value).startswith(f"layer 'mnist' (Data): LMDB {db}: header says 1,000 records, walk found "
+                                         f"{layout.leaves[leaf]}; ")
+
+
+def test_a_page_pointing_at_its_ancestor_is_refused_within_a_second(mnist_db, tmp_path):
+    data = (mnist_db / "data.mdb").read_bytes()
+    layout = Layout(data)
+    pointer, _ = layout.children[layout.lower_branch()][0]
+    db = save(_write(data, pointer, layout.root, 6), tmp_path / "db")
+    reads = read_in_worker([(mnist_db, db)], timeout=30)
+    assert [read["held"] for read in reads] == [False, True]  # py-lmdb's read, then scaffe.data.lmdb_file's
+    for read in reads:
+        assert read["error"] == (f"LMDB {db}: page {layout.root} is reached twice (a cycle, or a page written over "
+                                 "another); the database is damaged; copy it again or rebuild it")
+        assert read["seconds"] < 1
+
+
+def test_lmdb_errors_from_the_tools_and_the_data_layer_are_one_line(mnist_db, tmp_path, capsys):
+    data = (mnist_db / "data.mdb").read_bytes()
+    layout = Layout(data)
+    pointer, _ = layout.children[layout.root][0]  # on the way to the first record
+    db = save(_write(data, pointer, 1_000_000, 6), tmp_path / "db")
+    problem = f"LMDB {db}: a pointer to page 1,000,000, outside its pages 2..{layout.pages - 1}; the database is damaged"
+    assert compute_image_mean.main([str(db)]) == 1
+    assert capsys.readouterr().err.startswith(f"compute_image_mean: {problem}")
+    with pytest.raises(sio.CaffeFormatError, match=f"^layer 'mnist' \\(Data\\): {problem}"):
+        data_layer(db)
