@@ -22,7 +22,7 @@ _PAGE_HEADER = 16          # page number (8), pad (2), flags (2), lower (2), upp
 _NODE_HEADER = 8           # lo (2), hi (2), flags (2), key size (2)
 _META_MAGIC = 0xBEEFC0DE
 _DATA_VERSION = 1
-P_BRANCH, P_LEAF, _P_META = 0x01, 0x02, 0x08
+P_BRANCH, P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
 _F_BIGDATA = 0x01          # the value lives on overflow pages; the node holds their page number
 _F_SUBDATA_OR_DUP = 0x06   # sub-databases and duplicate keys: never in a Caffe database
 NO_ROOT = 2 ** 64 - 1
@@ -38,9 +38,9 @@ class LMDBFile:
     """The main database of the LMDB at `path` (a folder holding data.mdb, or the data file itself).
 
     Opening checks the meta pages as liblmdb does and the file's size against the last page they
-    name; every page read checks the page's number, its own header and its type, and every node read
-    that it lies inside its page. The tree as a whole (cycles, shared pages, record count) is
-    scaffe.data.lmdb_check's walk.
+    name; every page read checks the page's number, its own header and its type, every node read that it
+    lies inside its page, and every value read on overflow pages the type of the first. The tree as a
+    whole (cycles, shared pages, record count) is scaffe.data.lmdb_check's walk.
     """
 
     def __init__(self, path):
@@ -151,7 +151,10 @@ class LMDBFile:
         return key, first * self.page_size + _PAGE_HEADER, size, pages
 
     def value(self, page_at, index):
-        key, data_at, size, _ = self.value_span(page_at, index)
+        key, data_at, size, overflow = self.value_span(page_at, index)
+        # Checked here, as liblmdb checks it, rather than by the walk, which would read a page of every value.
+        if overflow is not None and not self._u16(overflow.start * self.page_size + 10) & _P_OVERFLOW:
+            raise self.damaged(f"record {key!r}: the first page of its value, {overflow.start:,}, is not an overflow page")
         return key, self._map[data_at:data_at + size]
 
     # ------------------------------------------------------------ py-lmdb's Environment, read side

@@ -82,7 +82,8 @@ def _open_py_lmdb(path):
 
 
 def _damaged(path, lmdb_error):
-    """liblmdb's refusal of a database the walk found sound, as this database's error."""
+    """liblmdb's refusal of a database the walk found sound, as this database's error: the walk reads no
+    overflow page, and liblmdb checks the type of a value's first one as it reads the value."""
     return CaffeFormatError(f"LMDB {path}: {lmdb_error}; the database is damaged; copy it again or rebuild it")
 
 
@@ -126,13 +127,19 @@ class LMDBDatabase:
         return self.num_records
 
     def get(self, key):
-        with self.env.begin(buffers=False) as txn:
-            return txn.get(key if isinstance(key, bytes) else key.encode("ascii"))
+        try:
+            with self.env.begin(buffers=False) as txn:
+                return txn.get(key if isinstance(key, bytes) else key.encode("ascii"))
+        except lmdb.Error as e:
+            raise _damaged(self.path, e) from None
 
     def items(self):
         """(key, value) pairs in key order."""
-        with self.env.begin(buffers=False) as txn:
-            yield from txn.cursor()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                yield from txn.cursor()
+        except lmdb.Error as e:
+            raise _damaged(self.path, e) from None
 
     def close(self):
         if self.env is not None:
@@ -196,12 +203,15 @@ class ShardedCursor:
         return self._index
 
     def next(self):
-        if self._cursor is None:
-            self._open()
-        key, value = self._cursor.item()
-        self._read += 1
-        # Within a block the next record is the neighbour; after a block, skip the other ranks' blocks.
-        self._step(1 if self._read % self.shard.block else 1 + (self.shard.count - 1) * self.shard.block)
+        try:
+            if self._cursor is None:
+                self._open()
+            key, value = self._cursor.item()
+            self._read += 1
+            # Within a block the next record is the neighbour; after a block, skip the other ranks' blocks.
+            self._step(1 if self._read % self.shard.block else 1 + (self.shard.count - 1) * self.shard.block)
+        except lmdb.Error as e:
+            raise _damaged(self.database.path, e) from None
         return key, value
 
     __next__ = next

@@ -1,9 +1,9 @@
 """Damaged LMDBs: refused with one line naming the database, never a crash, a hang or a silent subset.
 
-The database is written here in one transaction, so every page past the two meta pages belongs to the
-tree (no free pages): the MNIST test set bundled with the repository, 1,000 records of 795 bytes, 3 branch
-pages over 250 leaves. Reads that might crash (SIGBUS, liblmdb's assertions) run in a worker process
-(workers/read_lmdbs.py).
+The databases are written here in one transaction, so every page past the two meta pages belongs to the
+tree or to a value (no free pages): the MNIST test set bundled with the repository (1,000 records of
+795 bytes, 3 branch pages over 250 leaves) and 60 records of 5,000 bytes on overflow pages. Reads that
+might crash (SIGBUS, liblmdb's assertions) run in a worker process (workers/read_lmdbs.py).
 """
 import json
 import logging
@@ -17,6 +17,7 @@ import pytest
 
 from scaffe import io as sio
 from scaffe.blob import Blob
+from scaffe.data.lmdb_writer import LMDBWriter
 from scaffe.layer_impls import create_layer
 from scaffe.proto import caffe_pb2
 from scaffe.tools import compute_image_mean, convert_mnist
@@ -35,6 +36,15 @@ def mnist_db(tmp_path_factory):
     path = tmp_path_factory.mktemp("mnist") / "mnist_test_lmdb"
     convert_mnist.convert_mnist(data_dir / "t10k-images-idx3-ubyte.gz", data_dir / "t10k-labels-idx1-ubyte.gz",
                                 path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def overflow_db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("overflow") / "db"
+    with LMDBWriter(path, commit_every=100) as db:
+        for i in range(60):
+            db.put(b"%08d" % i, bytes([i]) * 5000)
     return path
 
 
@@ -176,3 +186,16 @@ def test_lmdb_errors_from_the_tools_and_the_data_layer_are_one_line(mnist_db, tm
     assert capsys.readouterr().err.startswith(f"compute_image_mean: {problem}")
     with pytest.raises(sio.CaffeFormatError, match=f"^layer 'mnist' \\(Data\\): {problem}"):
         data_layer(db)
+
+
+def test_a_value_on_a_page_that_is_no_overflow_page_is_refused_as_it_is_read(overflow_db, tmp_path):
+    # The walk leaves overflow pages unread; each reader checks the first one's type as it reads the value.
+    data = (overflow_db / "data.mdb").read_bytes()
+    layout = Layout(data)
+    first = _u64(data, layout.value_pointers[7])
+    db = save(_write(data, first * PAGE + 10, 0x02, 2), tmp_path / "db")
+    py_lmdb, own = read_in_worker([(overflow_db, db)])
+    assert py_lmdb["error"] == (f"LMDB {db}: mdb_cursor_get: MDB_CORRUPTED: Located page was wrong type; the database "
+                                "is damaged; copy it again or rebuild it")
+    assert own["error"] == (f"LMDB {db}: record b'00000007': the first page of its value, {first}, is not an overflow "
+                            "page; the database is damaged; copy it again or rebuild it")
