@@ -8,6 +8,7 @@ might crash (SIGBUS, liblmdb's assertions) run in a worker process (workers/read
 import json
 import logging
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -199,3 +200,74 @@ def test_a_value_on_a_page_that_is_no_overflow_page_is_refused_as_it_is_read(ove
                                 "is damaged; copy it again or rebuild it")
     assert own["error"] == (f"LMDB {db}: record b'00000007': the first page of its value, {first}, is not an overflow "
                             "page; the database is damaged; copy it again or rebuild it")
+
+
+# ---------------------------------------------------------------- seeded mutations
+
+def mnist_mutants(data, layout, rng):
+    """(kind, mutated data): six mutants of each kind of the MNIST database, chosen by `rng`."""
+    tree = range(2, layout.pages)
+    pointers = [pointer for children in layout.children.values() for pointer, _ in children]
+    roots = [page for page in (NO_ROOT, *tree) if page != layout.root]
+    kinds = {
+        "truncated": lambda: data[:rng.randrange(len(data))],
+        "zeroed": lambda: _write(data, rng.randrange(layout.pages) * PAGE, 0, PAGE),
+        "header": lambda: _flip_header_byte(data, rng.randrange(layout.pages), rng),
+        "copied": lambda: _copy_page(data, *rng.sample(tree, 2)),
+        "child": lambda: _redirect(data, rng.choice(pointers), 6, layout.pages, rng),
+        "root": lambda: _write(data, layout.meta + 128, rng.choice(roots), 8),
+    }
+    return [(kind, make()) for kind, make in kinds.items() for _ in range(6)]
+
+
+def overflow_mutants(data, layout, rng):
+    """(kind, mutated data): four mutants of each kind of the database of values on overflow pages. Those
+    values carry no check of their own in LMDB, so their bytes (all but the first page's header) are left alone."""
+    tree = [0, 1, *layout.leaves]
+    first_overflow = [_u64(data, pointer) for pointer in layout.value_pointers]
+    kinds = {
+        "value": lambda: _redirect(data, rng.choice(layout.value_pointers), 8, layout.pages, rng),
+        "header": lambda: _flip_header_byte(data, rng.choice(tree + first_overflow), rng),
+        "zeroed": lambda: _write(data, rng.choice(tree) * PAGE, 0, PAGE),
+    }
+    return [(kind, make()) for kind, make in kinds.items() for _ in range(4)]
+
+
+def _flip_header_byte(data, page, rng):
+    at = page * PAGE + rng.randrange(16)
+    return _write(data, at, data[at] ^ rng.randrange(1, 256), 1)
+
+
+def _copy_page(data, source, target):
+    return data[:target * PAGE] + data[source * PAGE:(source + 1) * PAGE] + data[(target + 1) * PAGE:]
+
+
+def _redirect(data, pointer, width, pages, rng):
+    """`pointer` set to another page, past the last one at times."""
+    old = int.from_bytes(data[pointer:pointer + width], "little")
+    return _write(data, pointer, rng.choice([page for page in range(pages + 3) if page != old]), width)
+
+
+def test_seeded_mutations_are_refused_or_read_in_full(mnist_db, overflow_db, tmp_path):
+    rng = random.Random(33)
+    pairs, kinds = [], {}
+    for original, make in ((mnist_db, mnist_mutants), (overflow_db, overflow_mutants)):
+        data = (original / "data.mdb").read_bytes()
+        for kind, mutated in make(data, Layout(data), rng):
+            mutant = save(mutated, tmp_path / f"{len(pairs):02d}_{kind}")
+            pairs.append((original, mutant))
+            kinds[str(mutant)] = kind
+    reads = read_in_worker(pairs)
+    assert len(reads) == 2 * len(pairs)
+    for read in reads:
+        assert "raw" not in read, read
+        assert read["seconds"] < 1, read
+        if "error" in read:
+            assert read["error"].startswith(f"LMDB {read['db']}: ") and "\n" not in read["error"], read
+        else:  # only a flipped header byte that no reader looks at leaves the records as they were
+            assert read["equal"] and kinds[read["db"]] == "header", read
+    for py_lmdb, own in zip(reads[::2], reads[1::2]):  # the same verdict from either reader
+        assert ("error" in py_lmdb) == ("error" in own), (py_lmdb, own)
+        assert "error" in own or own["reader"] == "LMDBFile", own
+    refused = [read for read in reads if "error" in read]
+    assert len(refused) > len(reads) * 3 // 4
