@@ -2,8 +2,13 @@
 import os
 import threading
 
-from scaffe.data.lmdb_file import LMDBFile, LMDBFormatError
+import lmdb
+
+from collectives import settings
+from scaffe.data.lmdb_check import count_records
+from scaffe.data.lmdb_file import LMDBFile
 from scaffe.data.sharding import ShardSpec
+from scaffe.io import CaffeFormatError
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
@@ -32,7 +37,8 @@ def database_kind(path):
 # py-lmdb allows one open Environment per database per process, but a TRAIN and a TEST net
 # (or two Data layers) often read the same database: they share one, counted by the data file's
 # identity (device and inode, as py-lmdb tells databases apart). A database that other code in
-# the process holds open through py-lmdb is read by scaffe.data.lmdb_file instead.
+# the process holds open through py-lmdb is read by scaffe.data.lmdb_file instead. Either way the
+# tree is walked first (scaffe.data.lmdb_check), as liblmdb would crash or read a subset of a damaged one.
 _envs = {}
 _envs_lock = threading.Lock()
 
@@ -42,31 +48,54 @@ def _env_key(path):
     return st.st_dev, st.st_ino
 
 
-def _open_env(path):
-    import lmdb
+def _partial_reads():
+    """SCAFFE_LMDB_PARTIAL: 1 reads the records a damaged LMDB's tree still holds, with a warning, where its
+    record count disagrees with its header; 0 (default) refuses the database."""
+    return settings.switch("SCAFFE_LMDB_PARTIAL", False)
 
+
+def _open_env(path):
+    """(environment, number of records) of the LMDB at `path`, once its tree is found sound."""
+    structure = LMDBFile(path)
+    try:
+        records = count_records(structure, _partial_reads())
+        env = _open_py_lmdb(path)
+    except BaseException:
+        structure.close()
+        raise
+    if env is None:
+        log.info("LMDB %s is already open elsewhere in this process; reading it from its data file", path)
+        return structure, records
+    structure.close()
+    return env, records
+
+
+def _open_py_lmdb(path):
+    """py-lmdb's Environment for `path`, or None where other code in this process holds one."""
     try:
         return lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(path),
                          max_readers=512)
     except lmdb.Error as e:
-        if "already open in this process" not in str(e):
-            raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
-    log.info("LMDB %s is already open elsewhere in this process; reading it from its data file", path)
-    try:
-        return LMDBFile(path)
-    except LMDBFormatError as e:
-        raise OSError(f"cannot open LMDB database {path!r}: {e}") from None
+        if "already open in this process" in str(e):
+            return None
+        raise _damaged(path, e) from None
+
+
+def _damaged(path, lmdb_error):
+    """liblmdb's refusal of a database the walk found sound, as this database's error: the walk reads no
+    overflow page, and liblmdb checks the type of a value's first one as it reads the value."""
+    return CaffeFormatError(f"LMDB {path}: {lmdb_error}; the database is damaged; copy it again or rebuild it")
 
 
 def _acquire_env(path):
-    """(key for _release_env, the environment) of the LMDB at `path`."""
+    """(key for _release_env, the environment, its number of records) of the LMDB at `path`."""
     key = _env_key(path)
     with _envs_lock:
         entry = _envs.get(key)
         if entry is None:
-            entry = _envs[key] = [_open_env(path), 0]
-        entry[1] += 1
-        return key, entry[0]
+            entry = _envs[key] = [*_open_env(path), 0]
+        entry[2] += 1
+        return key, entry[0], entry[1]
 
 
 def _release_env(key):
@@ -74,8 +103,8 @@ def _release_env(key):
         entry = _envs.get(key)
         if entry is None:
             return
-        entry[1] -= 1
-        if entry[1] == 0:
+        entry[2] -= 1
+        if entry[2] == 0:
             del _envs[key]
             entry[0].close()
 
@@ -92,20 +121,25 @@ class LMDBDatabase:
         self.env = None
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"LMDB database {self.path!r} does not exist")
-        self._env_key, self.env = _acquire_env(self.path)
-        self.num_records = int(self.env.stat()["entries"])
+        self._env_key, self.env, self.num_records = _acquire_env(self.path)
 
     def __len__(self):
         return self.num_records
 
     def get(self, key):
-        with self.env.begin(buffers=False) as txn:
-            return txn.get(key if isinstance(key, bytes) else key.encode("ascii"))
+        try:
+            with self.env.begin(buffers=False) as txn:
+                return txn.get(key if isinstance(key, bytes) else key.encode("ascii"))
+        except lmdb.Error as e:
+            raise _damaged(self.path, e) from None
 
     def items(self):
         """(key, value) pairs in key order."""
-        with self.env.begin(buffers=False) as txn:
-            yield from txn.cursor()
+        try:
+            with self.env.begin(buffers=False) as txn:
+                yield from txn.cursor()
+        except lmdb.Error as e:
+            raise _damaged(self.path, e) from None
 
     def close(self):
         if self.env is not None:
@@ -169,12 +203,15 @@ class ShardedCursor:
         return self._index
 
     def next(self):
-        if self._cursor is None:
-            self._open()
-        key, value = self._cursor.item()
-        self._read += 1
-        # Within a block the next record is the neighbour; after a block, skip the other ranks' blocks.
-        self._step(1 if self._read % self.shard.block else 1 + (self.shard.count - 1) * self.shard.block)
+        try:
+            if self._cursor is None:
+                self._open()
+            key, value = self._cursor.item()
+            self._read += 1
+            # Within a block the next record is the neighbour; after a block, skip the other ranks' blocks.
+            self._step(1 if self._read % self.shard.block else 1 + (self.shard.count - 1) * self.shard.block)
+        except lmdb.Error as e:
+            raise _damaged(self.database.path, e) from None
         return key, value
 
     __next__ = next

@@ -78,8 +78,7 @@ class DataLayer(Layer):
         here, not at its first batch. The reader starts later so the net can still set
         shard_rank/shard_count after setup.
         """
-        with self.database.env.begin(buffers=False) as txn:
-            key, first = next(iter(txn.cursor()))
+        key, first = next(self.database.items())
         try:
             sample, _ = self._decode(key, first)
         except ValueError as e:

@@ -3,9 +3,10 @@ import lmdb
 import numpy as np
 import pytest
 
-from scaffe.data.lmdb_file import LMDBFile, LMDBFormatError
+from scaffe.data.lmdb_file import LMDBFile
 from scaffe.data.lmdb_reader import LMDBDatabase, ShardedCursor
 from scaffe.data.sharding import ShardSpec
+from scaffe.io import CaffeFormatError
 
 
 def make_lmdb(path, records, subdir=True):
@@ -64,8 +65,13 @@ def test_single_file_and_empty_databases(tmp_path):
     cursor = empty.begin().cursor()
     assert not cursor.first() and list(empty.begin().cursor()) == []
     (tmp_path / "junk").write_bytes(b"\0" * 8192)
-    with pytest.raises(LMDBFormatError, match="junk: no LMDB meta page"):
+    with pytest.raises(CaffeFormatError, match="junk: no LMDB meta page at page 0"):
         LMDBFile(tmp_path / "junk")
+    whole = (tmp_path / "one.mdb").read_bytes()
+    (tmp_path / "cut.mdb").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(CaffeFormatError, match=f"cut.mdb: truncated: {len(whole) // 2:,} of {len(whole):,} bytes; "
+                                               "copy it again$"):
+        LMDBFile(tmp_path / "cut.mdb")
 
 
 def test_a_database_open_elsewhere_in_the_process_is_still_read(tmp_path):
