@@ -27,6 +27,7 @@ Allreduce, the native schedule's, still spins.
 
     python -m perf.cluster_sim --net googlenet --batch 32 --gpu h100 --hosts 1,2,4 --per-host 8 \
         --link 100gbit,25gbit --schedules scaffe,allreduce,native [--dilation auto] [--plot out.png]
+    python -m perf.cluster_sim --results run1.txt run2.txt --plot out.png   # earlier runs' RESULT lines, drawn
 
 Needs root (jobs/cluster.sh). --profile LOG takes a `caffe time` log in place of --gpu's model.
 """
@@ -142,8 +143,15 @@ def main(argv=None):
     parser.add_argument("--max-dilation", type=float, default=400.0)
     parser.add_argument("--bed-rate", default="1500mbit", help="what a bed link carries well (perf/link_rate.py)")
     parser.add_argument("--plot", default="", help="draw efficiency and x_bound against GPUs here (the plot extra)")
+    parser.add_argument("--results", nargs="*", default=[],
+                        help="files of earlier runs' RESULT lines: draw those (--plot) instead of running")
     args = parser.parse_args(argv)
     args.profile = args.profile or args.gpu
+    if args.results:
+        rows = [row for path in args.results for row in read_results(path)]
+        if args.plot:
+            plot(rows, args.plot)
+        return
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         solver = solver_file(args.net, args.batch, folder)
@@ -171,6 +179,17 @@ def main(argv=None):
                         print("RESULT " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if args.plot:
         plot(rows, args.plot)
+
+
+def read_results(path):
+    """The rows of the RESULT lines in file `path` (what a run printed)."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("RESULT "):
+            row = dict(field.split("=", 1) for field in line.split()[1:])
+            row["hosts"], row["per_host"] = int(row["hosts"]), int(row["per_host"])
+            rows.append(row)
+    return rows
 
 
 def plot(rows, path):

@@ -96,3 +96,19 @@ def test_a_time_log_is_scaled_to_the_batch(tmp_path):
                    "I1128 caffe.cpp]      conv1\tforward: 2.5 ms.\nI1128 caffe.cpp]      conv1\tbackward: 4 ms.\n")
     forward, backward = read_time_log(str(log), 40)
     assert forward == {"conv1": pytest.approx(0.010)} and backward == {"conv1": pytest.approx(0.016)}
+
+
+def test_cluster_sim_bounds_and_saved_results(tmp_path):
+    """perf/cluster_sim.py: each schedule's bound as its docstring states it, and RESULT lines read back from
+    a saved run (what `--results ... --plot` draws)."""
+    from perf.cluster_sim import bound_ms, read_results
+    link = 1e9  # bytes per second
+    assert bound_ms("native", 10.0, 10_000_000, 2, link) == pytest.approx(20.0)   # C + 2 (H-1)/H B / T
+    assert bound_ms("allreduce", 10.0, 10_000_000, 4, link) == pytest.approx(15.0)  # max(C, 2 (H-1)/H B / T)
+    assert bound_ms("scaffe", 10.0, 10_000_000, 1, link) == 10.0                    # one host: no link
+    assert bound_ms("scaffe", 10.0, 30_000_000, 3, link) == pytest.approx(60.0)     # B both ways between hosts
+    saved = tmp_path / "run.txt"
+    saved.write_text("noise\nRESULT net=googlenet gpu=h100 hosts=2 per_host=8 link=100gbit schedule=scaffe "
+                     "iter_ms=13.28 x_bound=1.069 efficiency=0.935\n")
+    (row,) = read_results(saved)
+    assert (row["hosts"], row["per_host"], row["schedule"], row["efficiency"]) == (2, 8, "scaffe", "0.935")
