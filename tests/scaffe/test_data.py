@@ -14,6 +14,7 @@ from scaffe.blob import Blob
 from scaffe.data import (DataTransformer, LMDBDatabase, Prefetcher, PrefetchError, ShardedCursor, ShardSpec,
                          array_to_datum, datum_to_array, encode_image, rank_batch_positions)
 from scaffe.layer_impls import create_layer
+from scaffe.log import setup_logging
 from scaffe.proto import caffe_pb2
 from scaffe.tools import compute_image_mean, convert_imageset, convert_mnist
 
@@ -113,6 +114,7 @@ def test_datum_forms():
 @needs_ref
 def test_compute_image_mean_matches_numpy(tmp_path, digits, capsys):
     images, _ = digits
+    setup_logging()  # as the command line does before the tool runs
     assert compute_image_mean.main([str(REF / "digits_lmdb"), str(tmp_path / "mean.binaryproto")]) == 0
     blob = io.read_blobproto(tmp_path / "mean.binaryproto")
     assert (blob.num, blob.channels, blob.height, blob.width) == (1, 1, 28, 28)  # Caffe's legacy header
