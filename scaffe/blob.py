@@ -1,5 +1,11 @@
 """Blob: Caffe's N-d array pair (data and diff) living on numpy or cupy."""
+import math
+import os
+
 import numpy
+
+# Caffe's Blob::Reshape refuses more elements than an int holds ("blob size exceeds INT_MAX").
+MAX_COUNT = 2 ** 31 - 1
 
 
 class Blob:
@@ -15,8 +21,10 @@ class Blob:
 
     def reshape(self, shape):
         shape = tuple(int(d) for d in shape)
-        count = int(numpy.prod(shape, dtype=numpy.int64)) if shape else 1
+        # math.prod of Python ints cannot overflow, as numpy's int64 product of huge sizes does.
+        count = math.prod(shape)
         if count > self._capacity:
+            self._check_size(shape, count)
             self._data_store = self.xp.zeros(count, dtype=self.dtype)
             self._diff_store = self.xp.zeros(count, dtype=self.dtype)
             self._capacity = count
@@ -24,6 +32,17 @@ class Blob:
         self.count = count
         self.data = self._data_store[:count].reshape(shape)
         self.diff = self._diff_store[:count].reshape(shape)
+
+    def _check_size(self, shape, count):
+        """Refuses, before allocating, a size Caffe refuses or that the memory cannot hold (data and diff);
+        the net's set-up adds the layer's name to the error."""
+        if count > MAX_COUNT:
+            raise ValueError(f"a blob of shape {shape} has {count:,} elements, more than Caffe's limit of "
+                             f"{MAX_COUNT:,} (INT_MAX)")
+        needed, memory = 2 * count * self.dtype.itemsize, _memory_bytes(self.xp)
+        if needed > memory:
+            raise ValueError(f"a blob of shape {shape} needs {needed / 2 ** 30:.1f} GiB (data and diff), more "
+                             f"than the {memory / 2 ** 30:.1f} GiB of memory this machine has")
 
     def place(self, data_store, diff_store):
         """Keep data and diff in `data_store` and `diff_store` (flat views of this blob's size, into the
@@ -63,3 +82,10 @@ class Blob:
 
     def __repr__(self):
         return f"Blob(shape={self.shape}, dtype={self.dtype})"
+
+
+def _memory_bytes(xp):
+    """All the memory blobs of module `xp` can live in: the current GPU's for cupy, the host's for numpy."""
+    if xp is numpy:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(xp.cuda.Device().mem_info[1])

@@ -25,11 +25,11 @@ __all__ = [
     "atomic_write_bytes", "atomic_path",
     "read_text_proto", "parse_net_text", "read_net_prototxt", "parse_solver_text", "read_solver_prototxt",
     "write_prototxt", "read_binary_proto", "write_binary_proto",
-    "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_mean_file",
+    "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_blob_array", "read_mean_file",
     "read_solverstate", "write_solverstate",
     "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape",
     "model_layers", "net_weights", "set_layer_blobs", "read_weights", "write_hdf5_weights", "read_hdf5_weights",
-    "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file",
+    "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file", "check_hdf5_numbers",
     # pycaffe's caffe.io
     "array_to_datum", "datum_to_array", "arraylist_to_blobprotovector_str", "blobprotovector_str_to_arraylist",
     "Transformer", "load_image", "resize_image", "oversample",
@@ -204,12 +204,30 @@ def write_blobproto(blob, path):
     write_binary_proto(blob, path)
 
 
+@contextlib.contextmanager
+def _naming(path):
+    """Makes a ValueError raised inside (a blob whose values do not fill its shape) a CaffeFormatError
+    that names the file `path`; a CaffeFormatError, which names it already, passes unchanged."""
+    try:
+        yield
+    except CaffeFormatError:
+        raise
+    except ValueError as e:
+        raise CaffeFormatError(f"{os.fspath(path)}: {_one_line(e)}") from None
+
+
+def read_blob_array(path):
+    """The values of the binary BlobProto file `path` as an array of its stored shape."""
+    with _naming(path):
+        return blobproto_to_array(read_blobproto(path))
+
+
 def read_mean_file(path):
     """A Caffe mean file (binary BlobProto, usually 1 x C x H x W) as a float32 array of shape (C, H, W).
 
     A leading axis of 1 is dropped because the mean applies to every sample of a batch.
     """
-    arr = blobproto_to_array(read_blobproto(path))
+    arr = read_blob_array(path)
     if arr.ndim == 4 and arr.shape[0] == 1:
         arr = arr[0]
     return arr
@@ -220,7 +238,11 @@ def read_solverstate(path):
     path = os.fspath(path)
     if is_hdf5_file(path):
         return read_hdf5_solverstate(path)
-    return read_binary_proto(path, caffe_pb2.SolverState, "solver state (SolverState)")
+    state = read_binary_proto(path, caffe_pb2.SolverState, "solver state (SolverState)")
+    # protobuf hands back a string field that is not UTF-8 as bytes rather than failing.
+    if isinstance(state.learned_net, bytes):
+        raise CaffeFormatError(f"{path}: learned_net {state.learned_net!r} is not UTF-8 text; the file is damaged")
+    return state
 
 
 def write_solverstate(state, path, hdf5=False):
@@ -339,8 +361,15 @@ def net_weights(net):
     Arrays keep the stored shape (legacy 4-d for old files; `blobproto_to_array(..., shape=)`
     adapts them). When a name appears twice the later layer wins, as in Caffe's CopyTrainedLayers.
     """
-    return {layer.name: [blobproto_to_array(b) for b in layer.blobs]
-            for layer in model_layers(net) if len(layer.blobs)}
+    weights = {}
+    for layer in model_layers(net):
+        try:
+            arrays = [blobproto_to_array(b) for b in layer.blobs]
+        except ValueError as e:
+            raise ValueError(f"layer '{layer.name}': {e}") from None
+        if arrays:
+            weights[layer.name] = arrays
+    return weights
 
 
 def set_layer_blobs(layer, arrays, diffs=None):
@@ -358,7 +387,8 @@ def read_weights(path):
     if is_hdf5_file(path):
         return {name: [blobs.get(i) for i in range(max(blobs) + 1)]
                 for name, blobs in read_hdf5_weights(path).items() if blobs}
-    return net_weights(read_net_binary(path))
+    with _naming(path):
+        return net_weights(read_net_binary(path))
 
 
 # ---------------------------------------------------------------- HDF5 snapshots
@@ -381,9 +411,22 @@ def _h5py():
     return h5py
 
 
-def _numbered(group):
+def check_hdf5_numbers(dataset, path):
+    """Refuses an h5py dataset of strings, complex numbers (HDF5 compounds), booleans (enums) or any type
+    but floats and integers, which are all that Caffe's hdf5_load_nd_dataset reads."""
+    if dataset.dtype.kind not in "fiu":
+        raise CaffeFormatError(f"{path}: dataset {dataset.name!r} holds {dataset.dtype} values: unsupported "
+                               "datatype class (Caffe reads float and integer data only)")
+
+
+def _numbered(group, path):
     """{i: array} for the datasets of `group` named by a number ("0", "1", ..., "10")."""
-    return {int(k): group[k][()] for k in group if k.isdigit()}
+    numbered = {int(k): group[k] for k in group if k.isdigit()}
+    for dataset in numbered.values():
+        if not hasattr(dataset, "dtype"):
+            raise CaffeFormatError(f"{path}: {dataset.name!r} is a group where a blob's dataset should be")
+        check_hdf5_numbers(dataset, path)
+    return {i: dataset[()] for i, dataset in numbered.items()}
 
 
 def write_hdf5_weights(path, weights, diffs=None):
@@ -411,12 +454,12 @@ def read_hdf5_weights(path):
     path = os.fspath(path)
     try:
         with h5py.File(path, "r") as f:
-            if "data" not in f:
+            if not isinstance(f.get("data"), h5py.Group):
                 raise CaffeFormatError(f"{path}: HDF5 file has no 'data' group (not a Caffe .caffemodel.h5)")
-            return {name: _numbered(g) for name, g in f["data"].items() if isinstance(g, h5py.Group)}
+            return {name: _numbered(g, path) for name, g in f["data"].items() if isinstance(g, h5py.Group)}
+    except CaffeFormatError:
+        raise
     except (OSError, KeyError, ValueError) as e:
-        if isinstance(e, CaffeFormatError):
-            raise
         raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 model: {_one_line(e)}") from None
 
 
@@ -447,10 +490,12 @@ def read_hdf5_solverstate(path):
             state.learned_net = name.decode("utf-8") if isinstance(name, bytes) else str(name)
             if "current_step" in f:
                 state.current_step = int(numpy.asarray(f["current_step"][()]).reshape(-1)[0])
-            history = _numbered(f["history"])
+            history = _numbered(f["history"], path)
             for i in sorted(history):
                 array_to_blobproto(history[i], blob=state.history.add())
             return state
+    except CaffeFormatError:
+        raise
     except (OSError, KeyError, ValueError) as e:
         raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 solver state: {_one_line(e)}") from None
 
@@ -490,11 +535,17 @@ def array_to_datum(arr, label=None):
 
 def datum_to_array(datum):
     """A Datum's pixels as a C x H x W array (uint8 from `data`, float64 from `float_data`, as pycaffe);
-    the label is `datum.label`. An encoded (JPEG/PNG) Datum is decoded by scaffe.data.datum instead."""
+    the label is `datum.label`. An encoded (JPEG/PNG) Datum is decoded by scaffe.data.datum instead.
+    `datum` may also be the bytes of a database record; bytes that are no Datum, or a Datum whose values
+    do not fill its shape, raise CaffeFormatError."""
+    from scaffe.data.datum import parse_datum  # here, as scaffe.data.datum imports this module
+    datum = parse_datum(datum)
     shape = (datum.channels, datum.height, datum.width)
     if datum.encoded:
         raise ValueError("datum_to_array: the Datum holds an encoded image; decode it with "
                          "scaffe.data.datum.datum_to_array (or PIL)")
-    if len(datum.data):
-        return numpy.frombuffer(datum.data, dtype=numpy.uint8).reshape(shape).copy()
-    return numpy.array(datum.float_data, dtype=numpy.float64).reshape(shape)
+    values = (numpy.frombuffer(datum.data, dtype=numpy.uint8).copy() if len(datum.data)
+              else numpy.array(datum.float_data, dtype=numpy.float64))
+    if values.size != datum.channels * datum.height * datum.width:
+        raise CaffeFormatError(f"Datum of shape {shape} holds {values.size} values")
+    return values.reshape(shape)

@@ -183,6 +183,11 @@ class Net(Closing):
     def _init(self, in_param):
         self.phase = in_param.state.phase
         filtered = filter_net(in_param, self.source)
+        if not filtered.layer:
+            # Caffe builds such a net, and `caffe time` then times nothing; a net file cut short or the
+            # wrong file is the likely cause.
+            rules = f" in phase {caffe_pb2.Phase.Name(self.phase)}" if in_param.layer else ""
+            raise NetError(f"{self.source}: the net has no layers{rules}; nothing to run")
         log.info("Initializing net from parameters: \n%s", text_format.MessageToString(filtered))
         param = insert_splits(filtered, self.source)
         self.name = param.name
@@ -687,7 +692,10 @@ class Net(Closing):
             for j, (blob, blob_proto) in enumerate(zip(target, stored)):
                 if not sio.blobproto_matches_shape(blob_proto, blob.shape):
                     raise self._shape_mismatch(where, name, j, sio.blobproto_shape(blob_proto), blob)
-                _assign(blob.data, sio.blobproto_to_array(blob_proto, shape=blob.shape))
+                try:
+                    _assign(blob.data, sio.blobproto_to_array(blob_proto, shape=blob.shape))
+                except ValueError as e:
+                    raise NetError(f"{where}: layer '{name}' blob {j}: {e}") from None
             copied.add(name)
         return copied
 

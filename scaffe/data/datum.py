@@ -6,7 +6,9 @@ gives BGR), so mean values and models trained by Caffe apply unchanged. Arrays a
 import io as _io
 
 import numpy
+from google.protobuf.message import DecodeError
 
+from scaffe.io import CaffeFormatError
 from scaffe.proto import caffe_pb2
 
 __all__ = ["parse_datum", "datum_to_array", "array_to_datum", "decode_image", "encode_image",
@@ -22,11 +24,15 @@ def require_pillow(what="decoding encoded images"):
 
 
 def parse_datum(value):
-    """A Datum from the bytes stored in the database (or the Datum itself)."""
+    """A Datum from the bytes stored in the database (or the Datum itself). Bytes that are no Datum raise
+    CaffeFormatError; the caller names the database and the record."""
     if isinstance(value, caffe_pb2.Datum):
         return value
     datum = caffe_pb2.Datum()
-    datum.ParseFromString(bytes(value))
+    try:
+        datum.ParseFromString(bytes(value))
+    except DecodeError as e:
+        raise CaffeFormatError(f"not a Caffe Datum ({' '.join(str(e).split())})") from None
     return datum
 
 

@@ -1,14 +1,18 @@
 """HDF5Source: rows of named datasets from a list of .h5 files, as Caffe's HDF5Data layer reads them.
 
-One file is in memory at a time. Rows are served file after file (in list order, or in a shuffled
-order with rows shuffled inside each file when `shuffle`), wrapping around forever. Sharding
-follows scaffe.data.sharding over this row stream: rank r of P keeps rows r, r+P, r+2P, ...
+One file is open at a time, and only the rows a batch takes are read from it: a small file may declare a
+dataset of gigabytes (its rows are then the fill value), and Caffe's way of reading whole files would
+allocate all of it. Rows are served file after file (in list order, or in a shuffled order with rows
+shuffled inside each file when `shuffle`), wrapping around forever. Sharding follows scaffe.data.sharding
+over this row stream: rank r of P keeps rows r, r+P, r+2P, ...
+Every problem with a file raises CaffeFormatError naming it (a missing one, FileNotFoundError).
 """
 import os
 
 import numpy
 
 from scaffe.data.sharding import ShardSpec
+from scaffe.io import CaffeFormatError, check_hdf5_numbers
 
 __all__ = ["HDF5Source", "read_source_list"]
 
@@ -18,10 +22,14 @@ def read_source_list(path):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"HDF5 list file {path!r} does not exist")
-    with open(path, "r", encoding="utf-8") as f:
-        files = [line.strip() for line in f if line.strip()]
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            files = [line.strip() for line in f if line.strip()]
+    except UnicodeDecodeError as e:
+        raise CaffeFormatError(f"HDF5 list file {path!r} is not UTF-8 text (byte {e.start}: {e.reason}); it should "
+                               "name one .h5 file per line") from None
     if not files:
-        raise ValueError(f"HDF5 list file {path!r} names no files")
+        raise CaffeFormatError(f"HDF5 list file {path!r} names no files")
     return files
 
 
@@ -39,8 +47,10 @@ class HDF5Source:
             self.rng.shuffle(self.file_order)
         self._file_slot = 0
         self._global_row = 0  # position in the all-ranks row stream
+        self._file = None
+        self.row_shapes = None
         self._load(self.file_order[0])
-        self.row_shapes = [d.shape[1:] for d in self.data]
+        self._next_file = None  # the file to open before the next row, once the current one is used up
 
     def _load(self, file_index):
         import h5py
@@ -48,28 +58,42 @@ class HDF5Source:
         path = self.files[file_index]
         if not os.path.isfile(path):
             raise FileNotFoundError(f"HDF5 file {path!r} (listed in the source list) does not exist")
-        data = []
-        with h5py.File(path, "r") as f:
-            for name in self.dataset_names:
-                if name not in f:
-                    raise ValueError(f"HDF5 file {path!r} has no dataset {name!r} "
-                                   f"(it holds: {', '.join(sorted(f.keys()))})")
-                arr = numpy.asarray(f[name][()], dtype=numpy.float32)
-                if arr.ndim < 1:
-                    raise ValueError(f"dataset {name!r} in {path!r} is a scalar; it needs a row axis")
-                data.append(arr)
-        rows = data[0].shape[0]
-        for name, arr in zip(self.dataset_names, data):
-            if arr.shape[0] != rows:
-                raise ValueError(f"datasets in {path!r} differ in row count: "
-                                 f"{self.dataset_names[0]!r} has {rows}, {name!r} has {arr.shape[0]}")
+        if self._file is not None:
+            self._file.close()
+        try:
+            self._file = h5py.File(path, "r")
+        except OSError as e:
+            raise CaffeFormatError(f"HDF5 file {path!r}: cannot open: {' '.join(str(e).split())}") from None
+        self.path = path
+        self.data = [self._dataset(name) for name in self.dataset_names]
+        rows = self.data[0].shape[0]
+        for name, dataset in zip(self.dataset_names, self.data):
+            if dataset.shape[0] != rows:
+                raise CaffeFormatError(f"datasets in {path!r} differ in row count: "
+                                       f"{self.dataset_names[0]!r} has {rows}, {name!r} has {dataset.shape[0]}")
         if rows == 0:
-            raise ValueError(f"HDF5 file {path!r} holds no rows")
-        self.data = data
+            raise CaffeFormatError(f"HDF5 file {path!r} holds no rows")
+        shapes = [dataset.shape[1:] for dataset in self.data]
+        if self.row_shapes is not None and shapes != self.row_shapes:
+            raise CaffeFormatError(f"HDF5 file {path!r}: rows of shapes {shapes}, earlier files' {self.row_shapes}")
+        self.row_shapes = shapes
         self.row_order = numpy.arange(rows)
         if self.shuffle:
             self.rng.shuffle(self.row_order)
         self._row = 0
+
+    def _dataset(self, name):
+        """The dataset `name` of the open file, unread, after checking what Caffe checks of it."""
+        if name not in self._file:
+            raise CaffeFormatError(f"HDF5 file {self.path!r} has no dataset {name!r} "
+                                   f"(it holds: {', '.join(sorted(self._file.keys()))})")
+        dataset = self._file[name]
+        if not hasattr(dataset, "dtype"):
+            raise CaffeFormatError(f"HDF5 file {self.path!r}: {name!r} is a group, not a dataset")
+        check_hdf5_numbers(dataset, f"HDF5 file {self.path!r}")
+        if dataset.ndim < 1:
+            raise CaffeFormatError(f"dataset {name!r} in {self.path!r} is a scalar; it needs a row axis")
+        return dataset
 
     def _advance(self):
         self._row += 1
@@ -81,22 +105,42 @@ class HDF5Source:
                 if self.shuffle:
                     self.rng.shuffle(self.file_order)
             if len(self.files) > 1:
-                self._load(self.file_order[self._file_slot])
+                self._next_file = self.file_order[self._file_slot]
             else:
                 self._row = 0
                 if self.shuffle:
                     self.rng.shuffle(self.row_order)
 
+    def _take_rows(self, limit):
+        """Up to `limit` of this shard's rows of the open file, in serving order (opening the next file first
+        if the last call used this one up); fewer when the file ends."""
+        if self._next_file is not None:
+            self._load(self._next_file)
+            self._next_file = None
+        rows = []
+        while len(rows) < limit and self._next_file is None:
+            if self.shard.owns(self._global_row):
+                rows.append(self.row_order[self._row])
+            self._advance()
+        return rows
+
+    def _read_rows(self, dataset, rows):
+        # h5py reads a selection of increasing, distinct rows in one call.
+        distinct, back = numpy.unique(rows, return_inverse=True)
+        try:
+            return numpy.asarray(dataset[distinct], dtype=numpy.float32)[back]
+        except OSError as e:
+            raise CaffeFormatError(f"HDF5 file {self.path!r}: cannot read dataset {dataset.name!r}: "
+                                   f"{' '.join(str(e).split())}") from None
+
     def next_batch(self, batch_size):
         """One float32 array per dataset, each (batch_size,) + row shape."""
         out = [numpy.empty((batch_size,) + shape, dtype=numpy.float32) for shape in self.row_shapes]
-        for i in range(batch_size):
-            while not self.shard.owns(self._global_row):
-                self._advance()
-            r = self.row_order[self._row]
-            for o, d in zip(out, self.data):
-                if d.shape[1:] != o.shape[1:]:
-                    raise ValueError(f"dataset rows change shape between files: {d.shape[1:]} vs {o.shape[1:]}")
-                o[i] = d[r]
-            self._advance()
+        filled = 0
+        while filled < batch_size:
+            rows = self._take_rows(batch_size - filled)
+            if rows:
+                for o, dataset in zip(out, self.data):
+                    o[filled:filled + len(rows)] = self._read_rows(dataset, rows)
+            filled += len(rows)
         return out

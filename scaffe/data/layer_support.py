@@ -14,8 +14,9 @@ import os
 import numpy
 
 from scaffe.data.sharding import ShardSpec
+from scaffe.io import CaffeFormatError
 
-__all__ = ["layer_shard", "layer_rng", "resolve_source", "copy_to_blob"]
+__all__ = ["layer_shard", "layer_rng", "resolve_source", "copy_to_blob", "reading_error"]
 
 
 def layer_shard(layer):
@@ -50,3 +51,11 @@ def copy_to_blob(blob, array):
         blob.data[...] = array
     else:
         blob.data[...] = blob.xp.asarray(array)
+
+
+def reading_error(where, err):
+    """The error `err` met reading a layer's data, told with `where` (the layer) in front: a missing file stays
+    a FileNotFoundError, anything else is a CaffeFormatError. (`type(err)(message)` cannot rebuild every
+    kind: a UnicodeDecodeError takes five arguments.)"""
+    kind = FileNotFoundError if isinstance(err, FileNotFoundError) else CaffeFormatError
+    return kind(f"{where}: {' '.join(str(err).split())}")

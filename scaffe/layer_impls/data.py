@@ -8,10 +8,9 @@ import os
 import weakref
 
 import numpy
-from google.protobuf.message import DecodeError
 
 from scaffe.data.device_upload import DeviceUploader
-from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
+from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, reading_error, resolve_source
 from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
 from scaffe.data.prefetch import PrefetchError, Prefetcher
 from scaffe.data.transformer import DataTransformer
@@ -66,7 +65,7 @@ class DataLayer(Layer):
         try:
             database = open_database(self.source)
         except (OSError, ValueError) as e:
-            raise type(e)(f"{where}: {e}") from None
+            raise reading_error(where, e) from None
         if len(database) == 0:
             raise ValueError(f"{where}: database {self.source!r} is empty")
         return database
@@ -111,8 +110,6 @@ class DataLayer(Layer):
         """(sample, label) of the record `key`; errors name the key (the caller adds the database)."""
         try:
             sample, label = self.transformer.decode(value)
-        except DecodeError as e:
-            raise _record_error(key, f"not a Caffe Datum (DecodeError: {' '.join(str(e).split())})") from None
         except ValueError as e:
             raise _record_error(key, e) from None
         if sample.size == 0:

@@ -2,7 +2,7 @@
 import os
 
 from scaffe.data.hdf5_source import HDF5Source, read_source_list
-from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, resolve_source
+from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, reading_error, resolve_source
 from scaffe.data.sharding import ShardSpec
 from scaffe.layer_impls import register
 from scaffe.layer_impls.layer import Layer
@@ -31,7 +31,7 @@ class HDF5DataLayer(Layer):
         try:
             names = read_source_list(self.list_path)
         except (OSError, ValueError) as e:
-            raise type(e)(f"{where}: {e}") from None
+            raise reading_error(where, e) from None
         folder = os.path.dirname(os.path.abspath(self.list_path))
         self.files = [f if os.path.exists(f) or os.path.isabs(f) else os.path.join(folder, f) for f in names]
         self.dataset_names = list(self.param.top)
@@ -40,7 +40,7 @@ class HDF5DataLayer(Layer):
             # made at the first forward, once the net has set the shard.
             probe = HDF5Source(self.files[:1], self.dataset_names, shuffle=False, shard=ShardSpec())
         except (OSError, ValueError) as e:
-            raise type(e)(f"{where}: {e}") from None
+            raise reading_error(where, e) from None
         for blob, shape in zip(top, probe.row_shapes):
             blob.reshape((self.batch_size,) + tuple(shape))
         self.source = None
@@ -49,13 +49,14 @@ class HDF5DataLayer(Layer):
         pass
 
     def forward(self, bottom, top):
-        if self.source is None:
-            self.source = HDF5Source(self.files, self.dataset_names, shuffle=self.param.hdf5_data_param.shuffle,
-                                     rng=layer_rng(self), shard=layer_shard(self))
         try:
+            # With shuffle, the first file opened may not be the one the probe read.
+            if self.source is None:
+                self.source = HDF5Source(self.files, self.dataset_names, shuffle=self.param.hdf5_data_param.shuffle,
+                                         rng=layer_rng(self), shard=layer_shard(self))
             batch = self.source.next_batch(self.batch_size)
         except (OSError, ValueError) as e:
-            raise type(e)(f"layer {self.name!r} (HDF5Data): {e}") from None
+            raise reading_error(f"layer {self.name!r} (HDF5Data)", e) from None
         for blob, arr in zip(top, batch):
             copy_to_blob(blob, arr)
 

@@ -34,7 +34,7 @@ class InfogainLossLayer(LossLayer, Layer):
             if not source:
                 raise ValueError(f"layer {self.name!r}: InfogainLoss needs infogain_loss_param.source "
                                  f"or a third bottom")
-            matrix = sio.blobproto_to_array(sio.read_blobproto(source))
+            matrix = sio.read_blob_array(source)
             self.infogain = bottom[0].xp.asarray(matrix, dtype=bottom[0].dtype)
 
     def allow_force_backward(self, bottom_index):

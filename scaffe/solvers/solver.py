@@ -497,19 +497,32 @@ class Solver:
             state = sio.read_solverstate(state_file)
         except sio.CaffeFormatError as e:
             raise SolverError(str(e)) from None
-        self.iter = int(state.iter)
-        if state.learned_net:
-            model = state.learned_net
-            if not os.path.exists(model):
-                # Caffe resolves it from the working directory; try the state file's folder too.
-                alt = os.path.join(os.path.dirname(os.path.abspath(state_file)), os.path.basename(model))
-                if os.path.exists(alt):
-                    model = alt
+        model = self._learned_net(state, state_file)
+        if model is not None:
             try:
                 self.net.copy_trained_layers_from(model)
             except NetError as e:
                 raise SolverError(f"{state_file}: learned_net: {e}") from None
+        self.iter = int(state.iter)
         self.restore_solver_state(state, state_file)
+
+    def _learned_net(self, state, state_file):
+        """The weights file that goes with SolverState `state`, or None when it names none and the solver's
+        `weights` are loaded already. Without either, resuming would train on from filler values, so that
+        is refused (Caffe: "File not found")."""
+        model = state.learned_net
+        if model and not os.path.exists(model):
+            # Caffe resolves it from the working directory; try the state file's folder too.
+            alt = os.path.join(os.path.dirname(os.path.abspath(state_file)), os.path.basename(model))
+            model = alt if os.path.exists(alt) else model
+        if model and os.path.exists(model):
+            return model
+        problem = f"learned_net {model!r}: no such file" if model else "names no learned_net"
+        if len(self.param.weights):
+            log.warning("%s %s; the weights given to the solver stand", state_file, problem)
+            return None
+        raise SolverError(f"{state_file}: {problem}, so there are no weights to resume from; give the "
+                          ".caffemodel snapshotted with it")
 
 
 def test_output_keys(net):

@@ -13,7 +13,7 @@ import numpy
 
 from scaffe.data.datum import datum_to_array
 from scaffe.data.lmdb_reader import open_database
-from scaffe.io import array_to_blobproto, write_blobproto
+from scaffe.io import CaffeFormatError, array_to_blobproto, write_blobproto
 from scaffe.log import get_logger
 from scaffe.tools.gflags import run_tool
 
@@ -29,12 +29,16 @@ def compute_image_mean(db_path):
         total = None
         count = 0
         for key, value in db.items():
-            sample, _ = datum_to_array(value)
+            record = f"{db_path}: record {key.decode(errors='replace')!r}"
+            try:
+                sample, _ = datum_to_array(value)
+            except ValueError as e:
+                raise CaffeFormatError(f"{record}: {e}") from None
             if total is None:
                 total = numpy.zeros(sample.shape, dtype=numpy.float64)
             elif sample.shape != total.shape:
-                raise ValueError(f"record {key.decode(errors='replace')!r} has shape {sample.shape}, "
-                                 f"earlier records {total.shape}: a mean needs equal sizes")
+                raise ValueError(f"{record} has shape {sample.shape}, earlier records {total.shape}: a mean needs "
+                                 "equal sizes")
             total += sample
             count += 1
     finally:

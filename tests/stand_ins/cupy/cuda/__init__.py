@@ -12,6 +12,7 @@ Stream capture makes a `Graph` of the kernels queued while it lasts (see cupy._s
 refuses and undoes); `using_allocator` and `MemoryPool` say where a capture's arrays come from.
 """
 import contextlib
+import os
 import collections
 import threading
 
@@ -38,6 +39,12 @@ class Device:
     def use(self):
         _check_device(self.id)
         _local.device = self.id
+
+    @property
+    def mem_info(self):
+        """(free, total) bytes: the host's memory, which the stand-in's arrays live in."""
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
 
     def synchronize(self):
         _check_device(self.id)
