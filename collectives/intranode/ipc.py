@@ -214,15 +214,19 @@ class NodeIpc:
         mapped = state.peers
         step = "planning its part (mapping its peers' buffers)"
         try:
-            call_ids = self._call_ids.tobytes()
-            plan = self._plans.get(call_ids)
-            if plan is None or plan.closes != mapped.closes:
-                plan = self._plan(local, call_ids)
-            if plan.launch is not None:
-                step = "running its kernel"
-                with device.current():
-                    plan.launch(state.stream)
-                    device.synchronize_stream(state.stream)  # the results are in place before `done` says so
+            # Held from the plan's check to the kernel's end: another communicator's thread may close
+            # mappings (stale ones, or all of a peer's) only when no kernel can be reading them. Never held
+            # across a wait for other processes: two of them could each hold it while waiting for the other.
+            with mapped.lock:
+                call_ids = self._call_ids.tobytes()
+                plan = self._plans.get(call_ids)
+                if plan is None or plan.closes != mapped.closes:
+                    plan = self._plan(local, call_ids)
+                if plan.launch is not None:
+                    step = "running its kernel"
+                    with device.current():
+                        plan.launch(state.stream)
+                        device.synchronize_stream(state.stream)  # the results are in place before `done` says so
         except Exception as error:
             self._leave(call, self._failure(call, step, error))
         self._publish(self._done, call)

@@ -1,7 +1,7 @@
 """Device buffers on the direct path (collectives.intranode.ipc) across MPI processes, on the CPU stand-in
-device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; failures
-reach every rank; and the pieces that need no MPI job: the stand-in itself, the registration cache, slices
-and owners.
+device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; two
+communicators' threads share a process's registration cache; failures reach every rank; and the pieces
+that need no MPI job: the stand-in itself, the registration cache, slices and owners.
 """
 import os
 
@@ -50,6 +50,12 @@ def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
     job = launch(ranks, "device_ipc.py", "--gpus", gpus, "--forget", forget, timeout=120)
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "elements differ" in job.stderr, job.report()
+
+
+def test_two_communicators_threads_share_the_registration_cache_safely():
+    """The S-Caffe schedule's two communicators call from two threads on buffers freed and allocated
+    again: right results, and no mapping closed under the other thread's running kernel."""
+    run_ok(2, "device_threads.py", "--rounds", 150, timeout=180)
 
 
 @pytest.mark.gpu
