@@ -246,8 +246,9 @@ class NodeIpc:
 
     def _late(self, column, call, what):
         late = [rank for rank in range(self.local_size) if column[rank] < call]
-        return (f"device collective {call}: local ranks {late} did not {what} within {self.wait_s:.0f} s; every "
-                "rank of a node must pass device buffers to a call when one does (or set SCAFFE_DEVICE_PATH=staged)")
+        advice = ("every rank of a node must pass device buffers to a call when one does (or set "
+                  "SCAFFE_DEVICE_PATH=staged)" if what == "join" else "a kernel or a process is stuck")
+        return f"device collective {call}: local ranks {late} did not {what} within {self.wait_s:.0f} s; {advice}"
 
     def _failure(self, call, step, error):
         """The one line every local rank raises when this rank's `step` of call `call` raised `error`."""
