@@ -245,7 +245,8 @@ class NodeIpc:
         self._win.Sync()  # and what was written before the counters is visible after them
 
     def _late(self, column, call, what):
-        late = [rank for rank in range(self.local_size) if column[rank] < call]
+        # Read before `failed`: a rank that has left lowers its `ready` only after raising `failed`.
+        late = [rank for rank in range(self.local_size) if column[rank] < call and self._failed[rank] < call]
         advice = ("every rank of a node must pass device buffers to a call when one does (or set "
                   "SCAFFE_DEVICE_PATH=staged)" if what == "join" else "a kernel or a process is stuck")
         return f"device collective {call}: local ranks {late} did not {what} within {self.wait_s:.0f} s; {advice}"
@@ -266,9 +267,9 @@ class NodeIpc:
             failure = failure.encode()[:_ERROR_BYTES].decode(errors="ignore")  # what the record can hold
             self.records[me]["error"], self.records[me]["error_call"] = failure.encode(), call
         self._win.Sync()  # the error is visible before `failed` says there is one
-        if self._ready[me] >= call:
-            self._ready[me] = call - 1  # withdrawn: a rank still waiting for it can no longer start the call
         self._failed[me] = call
+        if self._ready[me] >= call:  # withdrawn: a rank still waiting for it can no longer start the call
+            self._ready[me] = call - 1  # (after `failed`: no rank takes this one for a late one, see `_late`)
         self._win.Sync()  # written before this rank reads which ranks may have started the call
         self._unfinished = call
         wait_until(lambda: not self._in_call(call, started_only=True), self.wait_s)
