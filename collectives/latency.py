@@ -121,7 +121,7 @@ class Lane:
     def device_called(self, local, buf, recvbuf, op, root, nbytes, named):
         """`local` ran a call on these device buffers, which named stream `named`: the same objects next
         time start it again."""
-        if self.seen is not None and not local.failed and fixed_memory(buf) and fixed_memory(recvbuf):
+        if self.seen is not None and local.failure is None and fixed_memory(buf) and fixed_memory(recvbuf):
             self.device_seen = DeviceSeen(buf, recvbuf, op, root, nbytes, local, named)
 
     def went_native(self, call):

@@ -11,8 +11,14 @@ range that is still mapped (cudaErrorAlreadyMapped). Should CUDA refuse all the 
 allocations by larger regions), every mapping of that peer is closed and the open tried once more, as
 UCX's CUDA IPC cache does. The least recently used mappings are closed beyond `capacity`. `closes`
 counts every close: a plan holding mapped pointers is valid only while it has not moved.
+
+The communicators of a process share their device's cache (the S-Caffe schedule's two run their calls
+from two progress threads), so whoever maps views and runs work reading them holds `lock` from the
+mapping (or the check of `closes`) to the end of that work: no thread closes a mapping while another's
+kernel may read it. The lock guards this process's own work only: never wait for another process under it.
 """
 import collections
+import threading
 
 import numpy
 
@@ -23,16 +29,17 @@ def of(device):
     """The registration cache of `device` in this process."""
     cache = _caches.get(device)
     if cache is None:
-        cache = _caches[device] = PeerMemory(device)
+        cache = _caches.setdefault(device, PeerMemory(device))  # two threads asking first get one cache
     return cache
 
 
 class PeerMemory:
-    """Views of other processes' memory on one `device`, from what they exported."""
+    """Views of other processes' memory on one `device`, from what they exported (callers hold `lock`)."""
 
     def __init__(self, device, capacity=1024):
         self.device = device
         self.capacity = capacity  # a training step's buffers, 2 per peer rank and call, with room to spare
+        self.lock = threading.Lock()
         self._opened = collections.OrderedDict()  # (pid, base) -> (handle bytes, size, what device.open returned)
         self.opens = 0  # how many handles were actually opened (the tests check the cache with it)
         self.closes = 0

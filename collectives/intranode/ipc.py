@@ -22,9 +22,18 @@ as MPI's do. For a fixed topology the order of summation is local rank order: re
 
 What a call needs on the owner (mapped peer views, the kernel, its grid and arguments) is a `_Plan`, made
 once for the local ranks' ids and kept in a small cache: a repeated call compares those few integers and
-runs. A rank whose call cannot take part (its buffer cannot be exported, say) publishes the error
-instead, and every local rank raises it; a rank that never comes (it took another path) ends the others'
-wait with an error after half the stall limit (SCAFFE_STALL_S).
+runs.
+
+A call that fails anywhere on one rank fails on all of them, with that rank's error, at once: its buffer
+cannot be exported, its device cannot map a peer's (no peer access), its launch or its stream fails, or
+a peer never comes (it took another path: the wait ends after half the stall limit, SCAFFE_STALL_S). The
+rank leaves the call (`_leave`): it writes its error in its record, lowers its `ready` again, so that no
+rank still waiting can start the call's kernels on its buffers, and raises `failed`, which ends every
+other rank's wait; each of them leaves the call the same way and raises the same error. A rank returns
+from a failed call only once every rank that may have started its kernels has finished or left, and
+starts its next call only once every local rank has left the failed one: a late rank cannot take the
+next call's `ready` for this one's. (The two fences of `_leave` and of the waits keep a rank that
+lowers its `ready` and a late one that raises its own from both missing the other's write.)
 """
 import collections
 import itertools
@@ -36,18 +45,19 @@ from mpi4py import MPI
 from collectives import ops, settings
 from collectives.devices import HANDLE_BYTES, peers
 from collectives.errors import CollectiveError
-from collectives.intranode.wait import wait_for_column
+from collectives.intranode.wait import wait_for_column, wait_until
 
 KINDS = ("reduce", "allreduce", "bcast")
 _NO_OP = -1  # a Bcast's op code
 _ALIGN_BYTES = 256  # slices start on this boundary: whole cache lines and aligned vector loads
-_ERROR_BYTES = 240
+_ERROR_BYTES = 480
 _PLANS_KEPT = 16  # plans per communicator: a training step's few buffers, each in a call or two
 _local_ids = itertools.count(1)  # LocalCall ids, never reused in a process: an id names one call's buffers
 
 _RECORD = numpy.dtype([
     ("ready", numpy.int64), ("done", numpy.int64), ("_line", numpy.uint8, 48),  # counters: a line of their own
-    ("call_id", numpy.int64), ("failed", numpy.int64),
+    ("failed", numpy.int64),  # the last call this rank left with an error (see `_leave`)
+    ("call_id", numpy.int64), ("error_call", numpy.int64),  # error_call: the call whose error `error` is
     ("kind", numpy.int64), ("op", numpy.int64), ("dtype", numpy.int64), ("count", numpy.int64),
     ("root", numpy.int64), ("device", numpy.int64), ("pid", numpy.int64),
     ("send_base", numpy.uint64), ("send_size", numpy.uint64), ("send_offset", numpy.int64),
@@ -70,6 +80,7 @@ class _DeviceState:
 
     def __init__(self, device):
         self.device = device
+        self.peers = peers.of(device)
         with device.current():
             self.stream = device.new_stream()
         self.spare_markers = collections.deque()  # taken by callers, given back by whoever ran the call
@@ -95,14 +106,15 @@ class LocalCall:
 
     `send`/`recv` are this rank's device views (None where it has none: a Reduce's non-root receive
     buffer, a Bcast's send buffer; `send is recv` in place); `root` is the local root (0 for Allreduce).
-    Exporting a buffer may fail (memory CUDA IPC cannot share): the error then goes to every local rank.
+    Exporting a buffer may fail (memory CUDA IPC cannot share): `failure` then holds the error, which
+    every local rank raises when the call runs.
     """
 
     def __init__(self, ipc, device, kind, send, recv, op, root):
         self.ipc, self.state = ipc, ipc.state(device)
         self.send, self.recv = send, recv
         self.id = next(_local_ids)
-        self.failed = False
+        self.failure = None
         record = self.record = numpy.zeros((), dtype=_RECORD)
         some = send if send is not None else recv
         record["call_id"], record["kind"], record["root"] = self.id, KINDS.index(kind), root
@@ -116,8 +128,7 @@ class LocalCall:
                     record[f"{name}_handle"] = _handle_field(handle)
                     record[f"{name}_base"], record[f"{name}_size"], record[f"{name}_offset"] = base, size, offset
         except Exception as error:  # every local rank must hear of it, or they wait for this rank forever
-            record["failed"] = self.failed = True
-            record["error"] = f"{type(error).__name__}: {error}".encode()[:_ERROR_BYTES]
+            self.failure = error
 
     def start(self, stream):
         """Mark the caller's `stream` now (in the caller's thread) and return the call's work: a callable
@@ -129,10 +140,10 @@ class LocalCall:
 class _Plan:
     """What one owner runs for a call the local ranks' ids name: its kernel, ready to launch (None: this
     rank owns no slice, or its slice has nothing to do), valid while the registration cache it took the
-    peers' pointers from has closed no mapping (`closes`)."""
+    peers' pointers from has closed no mapping since (`closes`, the cache's count when it was made)."""
 
-    def __init__(self, launch, mapped):
-        self.launch, self.mapped, self.closes = launch, mapped, mapped.closes
+    def __init__(self, launch, closes):
+        self.launch, self.closes = launch, closes
 
 
 class NodeIpc:
@@ -150,11 +161,12 @@ class NodeIpc:
         self.records = numpy.frombuffer(memory, dtype=_RECORD, count=self.local_size)
         self.records[self.local_rank] = numpy.zeros((), dtype=_RECORD)
         self._ready, self._done = self.records["ready"], self.records["done"]
-        self._call_ids = self.records["call_id"]
+        self._failed, self._call_ids = self.records["failed"], self.records["call_id"]
         stall_s = settings.stall_seconds()
         # Half the stall limit: this wait's one-line error comes before the stall inspector's report.
         self.wait_s = stall_s / 2 if stall_s else None
         self.calls = 0  # calls that ran here (what the tests look for)
+        self._unfinished = None  # the last call that failed, until every local rank is seen to have left it
         self.plans_made = 0
         self._plans = collections.OrderedDict()  # local ranks' call ids (bytes) -> _Plan
         self._states = {}  # Device -> _DeviceState
@@ -180,67 +192,128 @@ class NodeIpc:
         device = state.device
         self.calls += 1
         call = self.calls
+        if self._unfinished is not None:
+            self._await_unfinished(call)
+        if local.failure is not None:
+            self._leave(call, self._failure(call, "exporting its buffers", local.failure))
         if marker is not None:
-            device.synchronize(marker)  # the caller's work on this rank's buffers is done: they may be shared
+            try:
+                device.synchronize(marker)  # the caller's work on this rank's buffers is done: they may be shared
+            except Exception as error:
+                self._leave(call, self._failure(call, "waiting for the caller's work on its buffers", error))
             state.spare_markers.append(marker)
         mine = self.records[self.local_rank]
         if mine["call_id"] != local.id:
             record = local.record
-            record["ready"], record["done"] = mine["ready"], mine["done"]  # only this rank writes them
+            for counter in ("ready", "done", "failed"):
+                record[counter] = mine[counter]  # only this rank writes them
             self.records[self.local_rank] = record
         self._publish(self._ready, call)
-        self._wait_all(self._ready, call, "ready")
-        call_ids = self._call_ids.tobytes()
-        plan = self._plans.get(call_ids)
-        if plan is None or plan.closes != plan.mapped.closes:
-            plan = self._plan(local, call_ids)
-        if plan.launch is not None:
-            with device.current():
-                plan.launch(state.stream)
-                device.synchronize_stream(state.stream)  # the results are in place before `done` says so
+        self._win.Sync()  # written before this rank reads the others': see `_leave`
+        self._wait_all(self._ready, call, "join")
+        mapped = state.peers
+        step = "planning its part (mapping its peers' buffers)"
+        try:
+            # Held from the plan's check to the kernel's end: another communicator's thread may close
+            # mappings (stale ones, or all of a peer's) only when no kernel can be reading them. Never held
+            # across a wait for other processes: two of them could each hold it while waiting for the other.
+            with mapped.lock:
+                call_ids = self._call_ids.tobytes()
+                plan = self._plans.get(call_ids)
+                if plan is None or plan.closes != mapped.closes:
+                    plan = self._plan(local, call_ids)
+                if plan.launch is not None:
+                    step = "running its kernel"
+                    with device.current():
+                        plan.launch(state.stream)
+                        device.synchronize_stream(state.stream)  # the results are in place before `done` says so
+        except Exception as error:
+            self._leave(call, self._failure(call, step, error))
         self._publish(self._done, call)
-        self._wait_all(self._done, call, "done")
+        self._wait_all(self._done, call, "finish")
 
     def _publish(self, column, call):
         self._win.Sync()  # what was written before the counter is visible before it
         column[self.local_rank] = call
 
     def _wait_all(self, column, call, what):
-        wait_for_column(column, call, self.wait_s, self._late)
-        self._win.Sync()
+        """Wait until every local rank has reached `call` in `column`; leave the call if one leaves it (or
+        after half the stall limit)."""
+        if not wait_for_column(column, call, self.wait_s, self._failed):
+            failed = self._failed.max() >= call
+            self._leave(call, None if failed else self._late(column, call, what))
+        self._win.Sync()  # and what was written before the counters is visible after them
 
-    def _late(self, column, call):
-        late = [rank for rank in range(self.local_size) if column[rank] < call]
-        return CollectiveError(
-            f"device collective {call}: local ranks {late} did not join within {self.wait_s:.0f} s; every rank "
-            "of a node must pass device buffers to a call when one does (or set SCAFFE_DEVICE_PATH=staged)")
+    def _late(self, column, call, what):
+        # Read before `failed`: a rank that has left lowers its `ready` only after raising `failed`.
+        late = [rank for rank in range(self.local_size) if column[rank] < call and self._failed[rank] < call]
+        advice = ("every rank of a node must pass device buffers to a call when one does (or set "
+                  "SCAFFE_DEVICE_PATH=staged)" if what == "join" else "a kernel or a process is stuck")
+        return f"device collective {call}: local ranks {late} did not {what} within {self.wait_s:.0f} s; {advice}"
+
+    def _failure(self, call, step, error):
+        """The one line every local rank raises when this rank's `step` of call `call` raised `error`."""
+        if isinstance(error, CollectiveError):  # already a whole node's error (the ranks disagree)
+            return str(error)
+        return f"device collective {call} failed on local rank {self.local_rank} {step}: {type(error).__name__}: {error}"
+
+    def _leave(self, call, failure):
+        """Leave call `call` with the error every local rank raises: `failure`, this rank's own, or (None)
+        the one a rank that left first wrote in its record."""
+        me = self.local_rank
+        if failure is None:
+            failure = self._first_failure(call)
+        else:
+            failure = failure.encode()[:_ERROR_BYTES].decode(errors="ignore")  # what the record can hold
+            self.records[me]["error"], self.records[me]["error_call"] = failure.encode(), call
+        self._win.Sync()  # the error is visible before `failed` says there is one
+        self._failed[me] = call
+        if self._ready[me] >= call:  # withdrawn: a rank still waiting for it can no longer start the call
+            self._ready[me] = call - 1  # (after `failed`: no rank takes this one for a late one, see `_late`)
+        self._win.Sync()  # written before this rank reads which ranks may have started the call
+        self._unfinished = call
+        wait_until(lambda: not self._in_call(call, started_only=True), self.wait_s)
+        raise CollectiveError(failure)
+
+    def _first_failure(self, call):
+        """The error of the lowest local rank that left call `call` with its own."""
+        for record in self.records:
+            if record["error_call"] == call:
+                return record["error"].decode(errors="replace")
+        # It has left the call and failed a later one since: its error for this one is gone.
+        return f"device collective {call} failed on another local rank"
+
+    def _in_call(self, call, started_only):
+        """The local ranks that have neither finished call `call` nor left it (with `started_only`, of
+        those only the ones whose `ready` says they may have started its kernels)."""
+        return [rank for rank in range(self.local_size)
+                if self._done[rank] < call and self._failed[rank] < call
+                and not (started_only and self._ready[rank] < call)]
+
+    def _await_unfinished(self, call):
+        """Before this rank says it is ready for `call`: every local rank has left the last failed call
+        (a rank that comes to that one late must see it failed, not this call's `ready`)."""
+        failed = self._unfinished
+        if not wait_until(lambda: not self._in_call(failed, started_only=False), self.wait_s):
+            late = self._in_call(failed, started_only=False)
+            self._leave(call, f"device collective {call}: local ranks {late} did not come to call {failed}, which "
+                        f"failed, within {self.wait_s:.0f} s; every rank of a node must make the same calls")
+        self._unfinished = None
 
     def _plan(self, local, call_ids):
         """Make (and keep) the plan for the calls the records name, after checking that they agree."""
         records = self.records.copy()
-        failed = numpy.flatnonzero(records["failed"])
-        if failed.size:
-            rank = int(failed[0])
-            self._finish_failed()
-            raise CollectiveError(f"device collective on local rank {rank}: {records[rank]['error'].decode()}")
         problem = _disagreement(records)
         if problem:
-            self._finish_failed()
             raise CollectiveError(problem)
         owners = _owners(records)
-        mapped = peers.of(local.state.device)
+        mapped = local.state.peers
         launch = self._kernel(local, records, owners, mapped) if self.local_rank in owners else None
-        plan = self._plans[call_ids] = _Plan(launch, mapped)
+        plan = self._plans[call_ids] = _Plan(launch, mapped.closes)
         self.plans_made += 1
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
         return plan
-
-    def _finish_failed(self):
-        """Every rank raises the same error: none runs a kernel, all pass `done` before raising."""
-        call = self.calls
-        self._publish(self._done, call)
-        self._wait_all(self._done, call, "done")
 
     def _kernel(self, local, records, owners, mapped):
         """My slice's kernel, ready to launch on my stream (None when it has nothing to do)."""

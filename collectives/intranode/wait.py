@@ -15,31 +15,40 @@ YIELDS = 2000  # failed checks that yield the core before the waits turn into na
 NAP_US = 20
 
 
-def wait_until(ready):
-    """Block until ready() is true: interpreted code, so no spinning."""
+def wait_until(ready, limit_s=None):
+    """Block until ready() is true (interpreted code, so no spinning) and return True; False once `limit_s`
+    seconds have passed (None: never)."""
     if ready():
-        return
+        return True
     for _ in range(YIELDS):
         os.sched_yield()
         if ready():
-            return
+            return True
+    deadline = None if limit_s is None else time.monotonic() + limit_s
     while not ready():
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         time.sleep(NAP_US * 1e-6)
+    return True
 
 
-def wait_for_column(column, target, limit_s, late):
-    """Block until every entry of `column` (a numpy view of the ranks' counters) reaches `target`; after
-    `limit_s` seconds (None: never) raise late(column, target). The loop makes no Python calls of its own:
+def wait_for_column(column, target, limit_s, failed):
+    """Block until every entry of `column` (a numpy view of the ranks' counters) reaches `target` and return
+    True; return False as soon as an entry of `failed` (the ranks' counters of calls they left with an
+    error) reaches it, or after `limit_s` seconds (None: never). The loop makes no Python calls of its own:
     the device path's count of them per call stays what its own code makes."""
     if column.min() >= target:
-        return
+        return True
     deadline = None if limit_s is None else time.monotonic() + limit_s
     checks = 0
     while column.min() < target:
+        if failed.max() >= target:
+            return False
         checks += 1
         if checks < YIELDS:
             os.sched_yield()
         else:
-            time.sleep(NAP_US * 1e-6)
             if deadline is not None and time.monotonic() > deadline:
-                raise late(column, target)
+                return False
+            time.sleep(NAP_US * 1e-6)
+    return True

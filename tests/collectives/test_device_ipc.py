@@ -1,6 +1,7 @@
 """Device buffers on the direct path (collectives.intranode.ipc) across MPI processes, on the CPU stand-in
-device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; and the
-pieces that need no MPI job: the stand-in itself, the registration cache, slices and owners.
+device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; two
+communicators' threads share a process's registration cache; failures reach every rank; and the pieces
+that need no MPI job: the stand-in itself, the registration cache, slices and owners.
 """
 import os
 
@@ -49,6 +50,12 @@ def test_a_missing_wait_gives_wrong_results(ranks, gpus, forget):
     job = launch(ranks, "device_ipc.py", "--gpus", gpus, "--forget", forget, timeout=120)
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "elements differ" in job.stderr, job.report()
+
+
+def test_two_communicators_threads_share_the_registration_cache_safely():
+    """The S-Caffe schedule's two communicators call from two threads on buffers freed and allocated
+    again: right results, and no mapping closed under the other thread's running kernel."""
+    run_ok(2, "device_threads.py", "--rounds", 150, timeout=180)
 
 
 @pytest.mark.gpu
@@ -198,8 +205,14 @@ def test_the_kernel_has_exactly_the_ops_mpi_defines():
 
 
 # -- errors: the same one line on every local rank, never a hang -------------------------------------
-def test_a_rank_that_cannot_export_makes_every_rank_raise():
-    run_ok(2, "device_errors.py", "--mode", "export", timeout=60)
+@pytest.mark.parametrize("step,stall_s", [("export", 60), ("open", 60), ("launch", 0), ("sync", 20)])
+def test_a_rank_that_fails_a_step_makes_every_rank_raise_at_once(step, stall_s):
+    """Whatever SCAFFE_STALL_S says (0: no limit at all), the failure reaches every rank within seconds."""
+    run_ok(2, "device_errors.py", "--mode", step, env={"SCAFFE_STALL_S": stall_s}, timeout=60)
+
+
+def test_ranks_that_gave_up_on_a_late_rank_get_their_buffers_back():
+    run_ok(3, "device_errors.py", "--mode", "late", env={"SCAFFE_STALL_S": 4}, timeout=60)
 
 
 def test_ranks_mixing_host_and_device_buffers_are_named_by_the_check():

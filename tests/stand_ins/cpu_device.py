@@ -15,7 +15,8 @@ processes in CI and a missing wait gives wrong results:
 - an event is a pair of counters (records made, records completed) that a stream can wait on and the
   host can query or block on; a wait covers the records made before it, as cudaStreamWaitEvent does.
 Every process has one such device per `CpuDevice`; `gpu` numbers the physical device it pretends to be,
-so that tests can put ranks on one shared device or on several.
+so that tests can put ranks on one shared device or on several. Like CUDA's, its calls may come from
+several threads at once.
 
 `DeviceArray` is the device buffer a test passes to a collective (and the flat view the collectives make
 of it); `register()` tells collectives.devices to serve it with a CpuDevice.
@@ -44,9 +45,20 @@ _serials = itertools.count()
 _ADDRESS_ALIGN = 256  # as cudaMalloc's
 _free_ranges = []  # [start, size] of address ranges whose arrays are gone, by start, adjacent ones merged
 _untouched = {}  # pid -> the lowest address no allocation has had yet
+# (start, nbytes) of arrays gone since the last allocation: a finalizer runs in whichever thread drops an
+# array, even inside _take_range (the garbage collector), so it only appends here and allocations merge.
+_given_back = []
+_ranges_lock = threading.Lock()
 
 
 def _take_range(nbytes):
+    with _ranges_lock:
+        while _given_back:
+            _merge(*_given_back.pop())
+        return _first_fit(nbytes)
+
+
+def _first_fit(nbytes):
     size = -(-max(nbytes, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
     for index, (start, free) in enumerate(_free_ranges):
         if free >= size:  # first fit
@@ -61,7 +73,7 @@ def _take_range(nbytes):
     return start
 
 
-def _give_back(start, nbytes):
+def _merge(start, nbytes):
     size = -(-max(nbytes, 1) // _ADDRESS_ALIGN) * _ADDRESS_ALIGN
     index = bisect.bisect(_free_ranges, [start, size])
     _free_ranges.insert(index, [start, size])
@@ -77,7 +89,7 @@ class _Address:
 
     def __init__(self, nbytes):
         self.value = _take_range(nbytes)
-        weakref.finalize(self, _give_back, self.value, nbytes)
+        weakref.finalize(self, _given_back.append, (self.value, nbytes))
 
 
 class _Mapping:
@@ -235,6 +247,7 @@ class CpuDevice(devices.Device):
         self._events = None  # this process's event file, made on first use
         self._next_slot = 0
         self._mapped = {}  # address -> what `open` mapped there, until `close`
+        self._lock = threading.Lock()  # for the two above
         self.default_stream = Stream(self)
 
     # -- memory -------------------------------------------------------------------------------------
@@ -265,16 +278,18 @@ class CpuDevice(devices.Device):
         path, nbytes, _, address = bytes(handle).rstrip(b"\0").decode().split(":")
         address, nbytes = int(address), int(nbytes)
         end = address + max(nbytes, 1)
-        for other in self._mapped.values():
-            if other.address < end and address < other.address + max(other.nbytes, 1):
-                raise RuntimeError(f"cudaErrorAlreadyMapped: the stand-in range at {address:#x} overlaps the "
-                                   f"mapped one at {other.address:#x}; close the stale mapping first")
-        opened = self._mapped[address] = _Mapping(nbytes, path, address)
+        with self._lock:
+            for other in self._mapped.values():
+                if other.address < end and address < other.address + max(other.nbytes, 1):
+                    raise RuntimeError(f"cudaErrorAlreadyMapped: the stand-in range at {address:#x} overlaps the "
+                                       f"mapped one at {other.address:#x}; close the stale mapping first")
+            opened = self._mapped[address] = _Mapping(nbytes, path, address)
         return opened
 
     def close(self, opened):
         # The memory goes when the last view of it does, as a real unmapping's would; the address is free.
-        del self._mapped[opened.address]
+        with self._lock:
+            del self._mapped[opened.address]
 
     def view(self, opened, offset, count, dtype):
         return DeviceArray(opened, offset, (count,), dtype, self)
@@ -316,12 +331,13 @@ class CpuDevice(devices.Device):
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):
-        if self._events is None:
-            self._events = _Mapping(_EVENT_SLOTS * 16)
-        if self._next_slot == _EVENT_SLOTS:
-            raise RuntimeError(f"the stand-in device has room for {_EVENT_SLOTS} events per process")
-        self._next_slot += 1
-        return Event(self._events, self._next_slot - 1)
+        with self._lock:
+            if self._events is None:
+                self._events = _Mapping(_EVENT_SLOTS * 16)
+            if self._next_slot == _EVENT_SLOTS:
+                raise RuntimeError(f"the stand-in device has room for {_EVENT_SLOTS} events per process")
+            self._next_slot += 1
+            return Event(self._events, self._next_slot - 1)
 
     def record(self, event, stream):
         event.counters[0] += 1
