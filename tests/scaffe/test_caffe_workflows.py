@@ -46,7 +46,7 @@ def test_lmdb_of_non_datums_is_one_line_naming_database_and_key(tmp_path, monkey
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
     assert last.startswith("scaffe train: error: ")
-    assert re.search(r"x_lmdb: record '00000000': not a Caffe Datum \(DecodeError: .+\)$", last), last
+    assert re.search(r"x_lmdb: record '00000000': not a Caffe Datum \(.+\)$", last), last
 
 
 def test_a_later_non_datum_record_names_its_key(tmp_path):
