@@ -19,7 +19,7 @@ wire's rate is their bytes over the time the wire spent on each, from when it co
 started and the one before had arrived) to its arrival, the first left out. A measurement can only see
 the wire slower than it is (a gap it cannot tell from the wire's own time), so the rate used is the largest
 measured, less RATE_DECAY of it per iteration since (a link that became slower is believed within tens
-of iterations; on the bed single measurements of one link ranged over 0.8-1x of the largest). On a GPU
+of iterations; perf/RESULTS.md gives how far single measurements of one link spread). On a GPU
 the host queues the backward ahead of the device: the backward is then timed by events on the compute
 stream, the latest whose events have completed (the host never waits for them). Rank 0's budget reaches the other ranks
 (with the stop/snapshot flags), so every rank holds back the same pieces and posts its collectives in the
@@ -96,7 +96,8 @@ class Budget:
             window = self._device_window()
             self.value = int(rate * (end - starts[0] if window is None else window))
         else:
-            self.value = int(sent * (end - starts[0]) / (arrivals[-1][0] - starts[0]))
+            wire = arrivals[-1][0] - starts[0]
+            self.value = int(sent * (end - starts[0]) / wire) if wire > 0 else UNLIMITED
 
     def _device_window(self):
         """The backward's length from its first collective's start, as the device ran it: the latest one
