@@ -1,4 +1,4 @@
-"""A validated collective (`Call`) and how it runs (`Plan`): what Comm's "validate, pick, run" hand on."""
+"""A validated collective (`Call`): what the planning (collectives.planning) hands the algorithms."""
 
 
 class Call:
@@ -20,13 +20,3 @@ class Call:
         message = send if send is not None else recv
         self.dtype, self.nbytes = message.dtype, message.nbytes
         self.staging, self.computed, self.device, self.stream = staging, computed, device, stream
-
-
-class Plan:
-    """How a call runs: `work()` (one of our algorithms, staged for device buffers), else the wrapped MPI's
-    method, on the user's own arguments or, with `staging`, on `host_args`, the host stand-ins of device buffers."""
-
-    __slots__ = ("nbytes", "work", "staging", "host_args")
-
-    def __init__(self, nbytes, work=None, staging=None, host_args=None):
-        self.nbytes, self.work, self.staging, self.host_args = nbytes, work, staging, host_args

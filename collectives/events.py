@@ -11,7 +11,9 @@ import itertools
 import threading
 import time
 
-_listeners = []
+# Who hears each start and end (add_listener); never rebound, so the latency path (collectives.plans) can
+# test it and count tallies inline when it is empty.
+listeners = []
 _ids = itertools.count(1)
 _context = threading.local()  # .label: what the collectives this thread starts now carry
 _names = []  # every Name with a tally of its own (a few per communicator set up)
@@ -66,13 +68,13 @@ def with_label(name):
 
 def add_listener(listener):
     """`listener.started(op_id, name, nbytes, t)` and `listener.finished(op_id, t)`; t is perf_counter()."""
-    if listener not in _listeners:
-        _listeners.append(listener)
+    if listener not in listeners:
+        listeners.append(listener)
 
 
 def remove_listener(listener):
-    if listener in _listeners:
-        _listeners.remove(listener)
+    if listener in listeners:
+        listeners.remove(listener)
 
 
 def started(name, nbytes):
@@ -80,20 +82,20 @@ def started(name, nbytes):
     tally = name.tally
     tally[0] += 1
     tally[2] = nbytes
-    if not _listeners:
+    if not listeners:
         return None
     op_id = next(_ids)
     now = time.perf_counter()
-    for listener in _listeners:
+    for listener in listeners:
         listener.started(op_id, name, nbytes, now)
     return op_id
 
 
 def finished(name, op_id):
     name.tally[1] += 1
-    if op_id is not None and _listeners:
+    if op_id is not None and listeners:
         now = time.perf_counter()
-        for listener in _listeners:
+        for listener in listeners:
             listener.finished(op_id, now)
 
 

@@ -156,13 +156,17 @@ def test_the_callers_stream_is_the_one_the_buffers_name():
 def test_a_remembered_device_call_repeats_only_while_its_arrays_name_the_same_stream():
     """A repeated call given no stream takes the stream its arrays name as the caller's: once they name
     another (cupy names its current stream), the remembered call no longer matches and the full path runs."""
-    from collectives.latency import DeviceSeen
+    from collectives.plans import DevicePlan
+
+    class Local:  # a LocalCall that exported its buffers
+        failure = None
+
     send = Exported(numpy.arange(8, dtype=numpy.float32), stream=0x5150)
-    seen = DeviceSeen(send, None, MPI.SUM, 0, send.host.nbytes, local=None, named=0x5150)
-    assert seen.matches(send, None, MPI.SUM, 0, None)
+    plan = DevicePlan(None, send, None, MPI.SUM, 0, send.host.nbytes, Local(), named=0x5150)
+    assert plan.holds(send, None, None)
     send.__cuda_array_interface__["stream"] = 0x7
-    assert not seen.matches(send, None, MPI.SUM, 0, None)
-    assert seen.matches(send, None, MPI.SUM, 0, 0x7)  # a stream given by the caller is the call's
+    assert not plan.holds(send, None, None)
+    assert plan.holds(send, None, 0x7)  # a stream given by the caller is the call's
 
 
 @pytest.mark.gpu

@@ -1,0 +1,263 @@
+"""One road for every collective call: a plan per call signature, built once, run by every call.
+
+A `Lane` is one override (Reduce, Ireduce, ...) of one communicator. A call looks up the plan its
+buffers' identities name in the lane's small cache and checks that the rest of its signature (op, root,
+the message's type, dtype and size) is the plan's; a miss builds the plan through
+`collectives.planning`. Either way the call then runs `plan.run(...)`. A plan's path (native MPI, a
+host algorithm, the node's device path) is a function of the signature alone, which every rank of a
+correct program shares, so every rank takes the same path whether it found the plan or built it.
+
+What a signature cannot see (an array made read-only or non-contiguous in place) makes a repeated
+plan `Stale` before any message moves, and the lane then builds the call's plan again through the full
+validation, which says what changed.
+"""
+import weakref
+
+import numpy
+from mpi4py import MPI
+
+from collectives import devices, waiting
+from collectives.call import Call
+from collectives.device import synchronize
+from collectives.events import listeners, reported, with_label
+
+# What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
+_REJECTED = (BufferError, ValueError)
+
+
+class Stale(Exception):
+    """A repeated plan no longer fits its call's buffers (`error`: what mpi4py said, if it said it)."""
+
+    def __init__(self, error=None):
+        super().__init__(error)
+        self.error = error
+
+
+def signature(obj):
+    """What a plan's path depends on in a buffer argument, cheap to compute and compare: its type, element
+    format and size (a spec's: its buffer's, the buffer's identity and the spec's other items). An object
+    of unknown kind gets a value equal to nothing: its plan is never found again."""
+    kind = type(obj)
+    if kind is numpy.ndarray:
+        return kind, obj.dtype, obj.nbytes
+    if kind is list or kind is tuple:
+        return (kind, id(obj[0]), signature(obj[0]), *obj[1:]) if obj else (kind,)
+    if obj is None or obj is MPI.IN_PLACE:
+        return kind
+    try:
+        with memoryview(obj) as view:
+            return kind, view.format, view.nbytes
+    except (TypeError, ValueError):
+        return object()
+
+
+def _reference(obj):
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # None, MPI.IN_PLACE: kept as they are
+        return lambda: obj
+
+
+def fixed_memory(obj):
+    """Whether `obj`'s device memory cannot change under it: cupy's and numba's device arrays, the
+    registered kinds (and no buffer at all: None, MPI.IN_PLACE)."""
+    if obj is None or obj is MPI.IN_PLACE or type(obj).__module__.split(".")[0] in ("cupy", "numba", "numba_cuda"):
+        return True
+    return devices.find_registered(obj) is not None
+
+
+def named_stream(buf, recvbuf):
+    """The stream the first of two device arrays that names one names now (each is None, IN_PLACE or an
+    array whose stream agreed with the other's when the call was validated)."""
+    for obj in (buf, recvbuf):
+        interface = getattr(obj, "__cuda_array_interface__", None)
+        if interface is not None and interface.get("stream") is not None:
+            return interface["stream"]
+    return None
+
+
+def _flat(array):
+    return array if array.ndim == 1 else array.reshape(-1)
+
+
+def _fits(sendbuf, recvbuf):
+    """Whether `recvbuf` is a plain, contiguous, writable ndarray of sendbuf's dtype and size."""
+    if (type(recvbuf) is not numpy.ndarray or recvbuf.nbytes != sendbuf.nbytes
+            or recvbuf.dtype is not sendbuf.dtype and recvbuf.dtype != sendbuf.dtype):
+        return False
+    flags = recvbuf.flags
+    return flags.c_contiguous and flags.writeable
+
+
+class Plan:
+    """How calls of one signature run. `op`, `root`, `dtype` and `nbytes` are the signature's parts that
+    `Lane.call` compares inline for a plain array send buffer (`dtype` None for any other); `holds` tells
+    the rest. `kept`: whether the plan may serve later calls (else it serves the call that built it)."""
+
+    __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place")
+    kept = True
+
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes):
+        self.lane, self.op, self.root, self.nbytes = lane, op, root, nbytes
+        self.in_place = type(buf) is not numpy.ndarray and (buf is MPI.IN_PLACE or buf is None)
+        self.dtype = buf.dtype if type(buf) is numpy.ndarray else None
+        self.signature = signature(recvbuf if self.in_place else buf)
+
+    def holds(self, buf, recvbuf, stream):
+        """Whether a call with these buffers (whose ids and op and root are the plan's) is of its signature."""
+        return signature(recvbuf if self.in_place else buf) == self.signature
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        raise NotImplementedError
+
+
+def native_args(kind, buf, recvbuf, op, root):
+    """The wrapped MPI method's arguments as the user passed them: Reduce's four, Allreduce's three, Bcast's two."""
+    if kind == "reduce":
+        return buf, recvbuf, op, root
+    return (buf, recvbuf, op) if kind == "allreduce" else (buf, root)
+
+
+class NativePlan(Plan):
+    """The wrapped MPI's method on the user's own arguments."""
+
+    __slots__ = ()
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        if stream is not None:
+            synchronize(stream)  # the caller's kernels that produce the data finish before MPI reads it
+        lane = self.lane
+        native, kind = lane.native, lane.kind
+        try:
+            if not lane.blocking:
+                request = native(comm, *native_args(kind, buf, recvbuf, op, root))
+                return comm.progress.follow(request, with_label(lane.event_name), self.nbytes)
+            if listeners:
+                return reported(with_label(lane.event_name), self.nbytes, native, comm,
+                                *native_args(kind, buf, recvbuf, op, root))
+            # collectives.events.started and finished inline, the arguments spelled out: two Python calls
+            # and a star call are a measurable part of this path.
+            tally = lane.event_name.tally
+            tally[0] += 1
+            tally[2] = self.nbytes
+            try:
+                if kind == "reduce":
+                    return native(comm, buf, recvbuf, op, root)
+                if kind == "allreduce":
+                    return native(comm, buf, recvbuf, op)
+                return native(comm, buf, root)
+            finally:
+                tally[1] += 1
+        except _REJECTED as error:
+            raise Stale(error) from error
+
+
+class AlgorithmPlan(Plan):
+    """One of our host algorithms (`algorithm(comm, call)`) on flat views of the call's buffers, taken
+    anew at every call: a plan keeps no buffer alive and no memory exported (an mmap it held a view of
+    could not be closed)."""
+
+    __slots__ = ("algorithm", "op_name", "views")
+
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes, algorithm, op_name, views):
+        super().__init__(lane, buf, recvbuf, op, root, nbytes)
+        self.algorithm, self.op_name = algorithm, op_name
+        self.views = views  # (buf, recvbuf) -> (send, recv) flat views, raising Stale when they no longer fit
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        send, recv = self.views(buf, recvbuf)
+        if stream is not None:
+            synchronize(stream)
+        call = Call(self.lane.kind, send, recv, op, self.op_name, root)
+        algorithm = self.algorithm
+        return launch(comm, self.lane, lambda: algorithm(comm, call), call.nbytes)
+
+    def plain_views(self, buf, recvbuf):
+        """Views of a plain contiguous ndarray send buffer and, where this rank receives, a receive buffer
+        that fits it."""
+        if type(buf) is not numpy.ndarray or not buf.flags.c_contiguous:
+            raise Stale()
+        lane = self.lane
+        if lane.kind == "allreduce" or lane.rank == self.root:
+            if not _fits(buf, recvbuf):
+                raise Stale()
+            return _flat(buf), _flat(recvbuf)
+        return _flat(buf), None
+
+
+class DevicePlan(Plan):
+    """This rank's part of a call on device buffers inside a node (a collectives.intranode.ipc LocalCall),
+    started again by every call on the same objects. The plan holds them weakly, where they allow it, so
+    that it neither keeps them alive nor mistakes a new object for them; only kinds of device arrays whose
+    memory an object keeps for its whole life get one that is kept. `named` is the stream their
+    `__cuda_array_interface__` named (collectives.buffers.named_stream): a call given no stream repeats the
+    plan only while they name the same one, since that stream is the call's."""
+
+    __slots__ = ("send_ref", "recv_ref", "local", "named", "kept")
+
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes, local, named):
+        super().__init__(lane, buf, recvbuf, op, root, nbytes)
+        self.send_ref, self.recv_ref = _reference(buf), _reference(recvbuf)
+        self.local, self.named = local, named
+        self.kept = local.failure is None and fixed_memory(buf) and fixed_memory(recvbuf)
+
+    def holds(self, buf, recvbuf, stream):
+        return (self.send_ref() is buf and self.recv_ref() is recvbuf
+                and (stream is not None or named_stream(buf, recvbuf) == self.named))
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        return launch(comm, self.lane, self.local.start(self.named if stream is None else stream), self.nbytes)
+
+
+class WorkPlan(Plan):
+    """Work made for one call only (staged device buffers, a device call across nodes): it holds the
+    call's own buffers and, for a device call, the mark made on its stream."""
+
+    __slots__ = ("work",)
+    kept = False
+
+    def __init__(self, lane, nbytes, work):
+        self.lane, self.nbytes, self.work = lane, nbytes, work
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        return launch(comm, self.lane, self.work, self.nbytes)
+
+
+class StagedNativePlan(Plan):
+    """The wrapped MPI's method on host stand-ins of device buffers (`host_args`, from `staging`), for one call.
+
+    It starts right away in this thread, as a host call going native would: collectives on the user's
+    communicator must start in the same order on every rank. An I* call stays an I* call: MPI never
+    matches a blocking collective with a nonblocking one, and the other ranks may have made theirs
+    with host buffers, natively.
+    """
+
+    __slots__ = ("staging", "host_args")
+    kept = False
+
+    def __init__(self, lane, nbytes, staging, host_args):
+        self.lane, self.nbytes, self.staging, self.host_args = lane, nbytes, staging, host_args
+
+    def run(self, comm, buf, recvbuf, op, root, stream):
+        lane, staging, native = self.lane, self.staging, self.lane.native
+        name = with_label(lane.event_name)
+        if lane.blocking:
+            return reported(name, self.nbytes, staging.wrap(lambda: native(comm, *self.host_args)))
+        staging.copy_in()
+        request = native(comm, *self.host_args)
+
+        def finish():
+            try:
+                waiting.wait(request)
+                staging.copy_out()
+            finally:
+                staging.release()
+
+        return comm.progress.submit(finish, name, self.nbytes)
+
+
+def launch(comm, lane, work, nbytes):
+    """Run `work()` in call order: now if `lane`'s override blocks, else behind the progress thread's queue,
+    returning the request that completes when it has run."""
+    run = comm.progress.run if lane.blocking else comm.progress.submit
+    return run(work, with_label(lane.event_name), nbytes)
