@@ -30,6 +30,9 @@ setup(
         "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30", "nvidia-cudnn-frontend>=1.32",
                    "nvidia-cudnn-cu13>=9", "nvmath-python>=1.0"],
         "plot": ["matplotlib"],
+        # caffe.io.resize_image calls scikit-image (and SciPy) as pycaffe does; without them only its
+        # default, linear, interpolation is available (scaffe.skimage_resize).
+        "image": ["scikit-image"],
         # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
         "draw": ["pydot"],
     },
