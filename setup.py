@@ -40,5 +40,6 @@ setup(
     entry_points={"console_scripts": ["scaffe = scaffe.cli:main"] + [
         f"{name} = scaffe.cli:tool_script" for name in ("convert_imageset", "convert_mnist_data", "compute_image_mean",
                                                        "extract_features", "upgrade_net_proto_text",
-                                                       "upgrade_net_proto_binary", "upgrade_solver_proto_text")]},
+                                                       "upgrade_net_proto_binary", "upgrade_solver_proto_text",
+                                                       "parse_log")]},
 )
