@@ -30,6 +30,9 @@ setup(
         "cuda13": ["cupy-cuda13x[ctk]", "numba-cuda[cu13]>=0.30", "nvidia-cudnn-frontend>=1.32",
                    "nvidia-cudnn-cu13>=9", "nvmath-python>=1.0"],
         "plot": ["matplotlib"],
+        # caffe.io.resize_image calls scikit-image (and SciPy) as pycaffe does; without them only its
+        # default, linear, interpolation is available (scaffe.skimage_resize).
+        "image": ["scikit-image"],
         # scaffe.draw (pycaffe's caffe.draw) builds graphs with pydot; rendering them needs Graphviz's `dot`.
         "draw": ["pydot"],
     },
@@ -37,5 +40,6 @@ setup(
     entry_points={"console_scripts": ["scaffe = scaffe.cli:main"] + [
         f"{name} = scaffe.cli:tool_script" for name in ("convert_imageset", "convert_mnist_data", "compute_image_mean",
                                                        "extract_features", "upgrade_net_proto_text",
-                                                       "upgrade_net_proto_binary", "upgrade_solver_proto_text")]},
+                                                       "upgrade_net_proto_binary", "upgrade_solver_proto_text",
+                                                       "parse_log")]},
 )

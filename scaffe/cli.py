@@ -1,7 +1,7 @@
 """The `scaffe` command: Caffe's `caffe train|test|time|device_query` with its flags and log lines,
 plus Caffe's tools (`convert_imageset`, `convert_mnist_data` (also `convert imageset|mnist`),
-`compute_image_mean`, `extract_features`, `upgrade_net_proto_text|binary`, `upgrade_solver_proto_text`),
-which are also commands of their own under those names (TOOL_SCRIPTS).
+`compute_image_mean`, `extract_features`, `upgrade_net_proto_text|binary`, `upgrade_solver_proto_text`,
+and `parse_log` from tools/extra), which are also commands of their own under those names (TOOL_SCRIPTS).
 
 Flags are accepted in Caffe's gflags spelling (`-solver x`, `-solver=x`) and in GNU spelling
 (`--solver=x`); glog's flags (`--minloglevel`, `--logtostderr`, `--log_dir`) work with every
@@ -518,7 +518,9 @@ for _name, _module, _arguments, _summary in (
         ("compute_image_mean", "compute_image_mean", "DB [OUT]", "the mean image of an LMDB, as a binaryproto"),
         ("extract_features", "extract_features",
          "WEIGHTS MODEL BLOB[,..] DB[,..] NUM_BATCHES lmdb [CPU|GPU] [DEVICE]",
-         "store blobs of a forward pass, one Datum per sample")):
+         "store blobs of a forward pass, one Datum per sample"),
+        ("parse_log", "parse_log", "[--plot=PNG] LOGFILE OUTPUT_DIR",
+         "a training log as Caffe's <log>.train/.test CSV files (tools/extra/parse_log.py)")):
     command(_name, _summary, _arguments, parses_own_flags=True)(_tool(_module))
 for _name, _summary in (("upgrade_net_proto_text", "rewrite an old (V0/V1) net prototxt in today's format"),
                         ("upgrade_net_proto_binary", "the same for a .caffemodel"),
@@ -529,7 +531,7 @@ COMMANDS = tuple(_COMMANDS)
 # Caffe's tools under their own names (setup.py's console scripts): `convert_imageset ARGS` is
 # `scaffe convert_imageset ARGS`.
 TOOL_SCRIPTS = ("convert_imageset", "convert_mnist_data", "compute_image_mean", "extract_features",
-                "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text")
+                "upgrade_net_proto_text", "upgrade_net_proto_binary", "upgrade_solver_proto_text", "parse_log")
 
 
 def main(argv=None, program="scaffe"):

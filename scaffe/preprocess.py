@@ -1,11 +1,12 @@
 """pycaffe's input preparation for deploy nets (`caffe.io`): Transformer, load_image, resize_image, oversample.
 
 Images are H x W x K float32 arrays, RGB in [0, 1] as load_image gives them; a Transformer turns one
-into a net input (K x H x W, in the net's channel order and scale) and back. Images are read and
-resized with Pillow, where Caffe uses scikit-image: the same conventions, bilinear by default, with
-edges that repeat the border pixels.
+into a net input (K x H x W, in the net's channel order and scale) and back. Images are read with
+Pillow, where Caffe uses scikit-image, and resized as pycaffe does (scaffe.skimage_resize).
 """
 import numpy
+
+from scaffe.skimage_resize import resize_image
 
 __all__ = ["Transformer", "load_image", "resize_image", "oversample"]
 
@@ -42,32 +43,6 @@ def load_image(filename, color=True):
     elif not color and pixels.ndim == 3:
         pixels = pixels @ _GREY_WEIGHTS
     return numpy.ascontiguousarray(pixels.reshape(pixels.shape[:2] + (-1,)), dtype=numpy.float32)
-
-
-def _resample_filter(interp_order):
-    Image = _image_module()
-    filters = {0: Image.NEAREST, 1: Image.BILINEAR, 3: Image.BICUBIC}
-    if interp_order not in filters:
-        raise ValueError(f"resize_image: interp_order must be 0 (nearest), 1 (linear) or 3 (cubic), got {interp_order}")
-    return filters[interp_order]
-
-
-def resize_image(im, new_dims, interp_order=1):
-    """`im` (H x W x K) resized to new_dims (height, width), channel by channel, as float32; linear
-    interpolation by default. Values stay within the image's own range (cubic may not overshoot)."""
-    Image = _image_module()
-    im = numpy.asarray(im, dtype=numpy.float32)
-    if im.ndim != 3:
-        raise ValueError(f"resize_image: expected an H x W x K image, got shape {im.shape}")
-    height, width = (int(d) for d in new_dims)
-    resample = _resample_filter(interp_order)
-    out = numpy.empty((height, width, im.shape[2]), dtype=numpy.float32)
-    for k in range(im.shape[2]):
-        channel = Image.fromarray(numpy.ascontiguousarray(im[:, :, k]))
-        out[:, :, k] = numpy.asarray(channel.resize((width, height), resample), dtype=numpy.float32)
-    if im.size:
-        numpy.clip(out, im.min(), im.max(), out=out)
-    return out
 
 
 def oversample(images, crop_dims):

@@ -8,6 +8,7 @@ import io as _io
 import numpy
 from google.protobuf.message import DecodeError
 
+from scaffe.data.resize import resize_linear
 from scaffe.io import CaffeFormatError
 from scaffe.proto import caffe_pb2
 
@@ -62,16 +63,13 @@ def decode_image(data, color=None):
 
 
 def load_image(path, color=True, height=0, width=0):
-    """An image file as a uint8 C x H x W array, optionally resized to height x width (both > 0).
-
-    Resizing is bilinear, as Caffe's ReadImageToCVMat does with OpenCV.
-    """
+    """An image file as a uint8 C x H x W array, optionally resized to height x width (both > 0)
+    as Caffe's ReadImageToCVMat does (OpenCV's bilinear resize, scaffe.data.resize)."""
     Image = require_pillow("reading image files")
     with Image.open(path) as img:
         img.load()
-        if height > 0 and width > 0:
-            img = img.convert("RGB" if color else "L").resize((width, height), Image.BILINEAR)
-        return _pil_to_array(img, color)
+        pixels = _pil_to_array(img, color)
+    return resize_linear(pixels, height, width) if height > 0 and width > 0 else pixels
 
 
 def encode_image(array, fmt="PNG"):

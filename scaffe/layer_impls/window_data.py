@@ -9,15 +9,16 @@ int(batch_size * fg_fraction) background windows, then the foreground ones, each
 replacement. context_pad widens the window so that, once warped, crop_size - 2 * context_pad pixels
 hold the window; crop_mode "square" first makes the window square. Parts outside the image stay 0.
 The mean (transform_param mean_file or mean_value) is subtracted and window_data_param.scale applied
-(transform_param.scale when that is unset), as in Caffe; crop_size and mirror come from transform_param. Warping is Pillow's bilinear resize
-(Caffe uses OpenCV's, so values differ slightly where a window is scaled).
+(transform_param.scale when that is unset), as in Caffe; crop_size and mirror come from transform_param. Windows are
+warped with OpenCV's bilinear resize, as in Caffe (scaffe.data.resize).
 """
 import math
 
 import numpy
 
-from scaffe.data.datum import load_image, require_pillow
+from scaffe.data.datum import load_image
 from scaffe.data.layer_support import copy_to_blob, layer_rng, resolve_source
+from scaffe.data.resize import resize_linear
 from scaffe.data.transformer import DataTransformer
 from scaffe.layer_impls import register
 from scaffe.layer_impls.layer import Layer
@@ -85,15 +86,6 @@ def window_geometry(box, image_hw, crop_size, context_pad, square, mirror):
     pad_h = c_round(pad_y1 * scale_y)
     pad_w = c_round((pad_x2 if mirror else pad_x1) * scale_x)
     return (x1, y1, x2, y2), (min(out_h, crop_size - pad_h), min(out_w, crop_size - pad_w)), (pad_h, pad_w)
-
-
-def warp(region, size):
-    """A uint8 C x h x w region resized (bilinear) to C x size[0] x size[1]."""
-    if region.shape[1:] == tuple(size):
-        return region
-    Image = require_pillow("warping windows")
-    return numpy.stack([numpy.asarray(Image.fromarray(channel).resize((size[1], size[0]), Image.BILINEAR))
-                        for channel in region])
 
 
 @register
@@ -185,7 +177,7 @@ class WindowDataLayer(Layer):
         if not (0 <= x1 <= x2 < image.shape[2] and 0 <= y1 <= y2 < image.shape[1]):
             raise ValueError(f"layer {self.name!r} (WindowData): window {window[2:]} of image {index} lies outside "
                              f"its {image.shape[1]}x{image.shape[2]} pixels")
-        pixels = warp(image[:, y1:y2 + 1, x1:x2 + 1], size).astype(numpy.float32)
+        pixels = resize_linear(image[:, y1:y2 + 1, x1:x2 + 1], *size).astype(numpy.float32)
         if mirror:
             pixels = pixels[:, :, ::-1]
         rows, cols = slice(pad_h, pad_h + size[0]), slice(pad_w, pad_w + size[1])

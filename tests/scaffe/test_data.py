@@ -13,6 +13,7 @@ from scaffe import io
 from scaffe.blob import Blob
 from scaffe.data import (DataTransformer, LMDBDatabase, Prefetcher, PrefetchError, ShardedCursor, ShardSpec,
                          array_to_datum, datum_to_array, encode_image, rank_batch_positions)
+from scaffe.data.resize import resize_linear
 from scaffe.layer_impls import create_layer
 from scaffe.log import setup_logging
 from scaffe.proto import caffe_pb2
@@ -150,7 +151,9 @@ def test_convert_imageset_raw_and_encoded(tmp_path):
             i = int(key.decode().rsplit(" ", 1)[1].split(".")[0])
             datum = caffe_pb2.Datum.FromString(value)
             assert datum.encoded and datum.data == (tmp_path / "img dir" / f"p {i}.png").read_bytes()
-        assert datum_to_array(next(small.items())[1])[0].shape == (1, 3, 4)
+        grey = numpy.asarray(Image.fromarray(pictures[0]).convert("L"))[None]
+        # resized as Caffe's OpenCV does (scaffe.data.resize, tests/scaffe/test_resize.py)
+        numpy.testing.assert_array_equal(datum_to_array(next(small.items())[1])[0], resize_linear(grey, 3, 4))
     (tmp_path / "bad.txt").write_text("no_label_here\n")
     assert convert_imageset.main([root, str(tmp_path / "bad.txt"), str(tmp_path / "x")]) == 1
 

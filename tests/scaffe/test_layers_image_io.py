@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from scaffe.blob import Blob
+from scaffe.data.resize import resize_linear
 from scaffe.layer_impls import create_layer
 from scaffe.layer_impls.window_data import window_geometry
 from scaffe.net import Net
@@ -77,8 +78,9 @@ def test_image_data_resizes_converts_to_grey_and_transforms(image_list):
     instance, tops = image_data(tmp_path, "new_height: 6 new_width: 8 is_color: false",
                                 "scale: 0.5 mean_value: 100", batch_size=1)
     (data, _) = forward(instance, tops)
-    grey = Image.fromarray(images[0].astype(numpy.uint8)).convert("L").resize((8, 6), Image.BILINEAR)
-    numpy.testing.assert_allclose(data[0, 0], (numpy.asarray(grey, dtype=numpy.float32) - 100) * 0.5)
+    grey = numpy.asarray(Image.fromarray(images[0].astype(numpy.uint8)).convert("L"))
+    resized = resize_linear(grey[None], 6, 8)[0]  # OpenCV's bilinear resize, as Caffe's (test_resize.py)
+    numpy.testing.assert_allclose(data[0, 0], (resized.astype(numpy.float32) - 100) * 0.5)
     assert data.shape == (1, 1, 6, 8)
 
 

@@ -1,5 +1,7 @@
 """pycaffe's caffe.io (scaffe.io): Transformer, load_image, resize_image, oversample and the Datum /
 BlobProto conversions, checked against numpy oracles written from Caffe's documented behaviour."""
+import sys
+
 import numpy
 import pytest
 from PIL import Image
@@ -8,18 +10,16 @@ import scaffe
 from scaffe.proto import caffe_pb2
 
 
-def _bilinear_oracle(im, height, width):
-    """Half-pixel-centred bilinear resampling with border pixels repeated (upsampling)."""
-    def coords(n_out, n_in):
-        x = (numpy.arange(n_out) + 0.5) * n_in / n_out - 0.5
-        x = numpy.clip(x, 0, n_in - 1)
-        lo = numpy.floor(x).astype(int)
-        hi = numpy.minimum(lo + 1, n_in - 1)
-        return lo, hi, x - lo
-    y0, y1, wy = coords(height, im.shape[0])
-    x0, x1, wx = coords(width, im.shape[1])
-    rows = im[y0] * (1 - wy)[:, None, None] + im[y1] * wy[:, None, None]
-    return rows[:, x0] * (1 - wx)[None, :, None] + rows[:, x1] * wx[None, :, None]
+# Linear weights of skimage.transform.resize(mode='constant'), from its documented sampling: output
+# pixel d reads source coordinate (d + 0.5) * src / dst - 0.5, and pixels beyond the edges are 0.
+# 2 -> 4: coordinates -0.25, 0.25, 0.75, 1.25.
+_CENTRED_2_TO_4 = numpy.array([[0.75, 0], [0.75, 0.25], [0.25, 0.75], [0, 0.75]])
+# scipy.ndimage.zoom (other channel counts) aligns the corners: 2 -> 3 reads 0, 0.5, 1.
+_CORNERS_2_TO_3 = numpy.array([[1, 0], [0.5, 0.5], [0, 1]])
+
+
+def _separable(weights_rows, channel, weights_cols):
+    return weights_rows @ channel @ weights_cols.T
 
 
 def test_caffe_io_is_scaffe_io_with_pycaffe_names():
@@ -29,19 +29,69 @@ def test_caffe_io_is_scaffe_io_with_pycaffe_names():
         assert callable(getattr(scaffe.io, name)), name
 
 
-def test_resize_image():
-    rng = numpy.random.default_rng(0)
-    im = rng.uniform(-3, 7, size=(3, 4, 2)).astype(numpy.float32)
-    numpy.testing.assert_allclose(scaffe.io.resize_image(im, (9, 8)), _bilinear_oracle(im, 9, 8), atol=1e-5)
-    numpy.testing.assert_array_equal(scaffe.io.resize_image(im, (3, 4)), im)
-    nearest = scaffe.io.resize_image(im, (6, 8), interp_order=0)
-    numpy.testing.assert_array_equal(nearest, im.repeat(2, axis=0).repeat(2, axis=1))
+def test_resize_image_samples_pixel_centres_with_zeros_beyond_the_edges():
+    im = numpy.stack([[[0.2, 1.0], [0.6, 0.2]], [[3, 5], [1, 4]], [[2, 2], [2, 0.5]]], axis=2).astype(numpy.float32)
+    out = scaffe.io.resize_image(im, (4, 4))
+    assert out.shape == (4, 4, 3) and out.dtype == numpy.float32
+    for k in range(3):
+        # pycaffe scales the whole image to [0, 1] first: zeros beyond the edges are its minimum
+        low, span = im.min(), im.max() - im.min()
+        expected = _separable(_CENTRED_2_TO_4, (im[:, :, k] - low) / span, _CENTRED_2_TO_4) * span + low
+        numpy.testing.assert_allclose(out[:, :, k], expected, rtol=1e-6, atol=1e-6)
+    # Shrinking skips pixels (no antialiasing): rows [0, 0, 0, 1] to 1 x 1 read columns 1 and 2.
+    ramp = numpy.zeros((4, 4, 1), numpy.float32)
+    ramp[:, 3] = 1
+    assert scaffe.io.resize_image(ramp, (1, 1)).tolist() == [[[0.0]]]
+
+
+def test_resize_image_other_channel_counts_align_corners():
+    im = numpy.random.default_rng(0).uniform(-3, 7, size=(2, 2, 2))
+    out = scaffe.io.resize_image(im, (3, 3))
+    for k in range(2):
+        numpy.testing.assert_allclose(out[:, :, k], _separable(_CORNERS_2_TO_3, im[:, :, k], _CORNERS_2_TO_3),
+                                      rtol=1e-6)
+
+
+def test_resize_image_constant_and_bad_input():
     constant = scaffe.io.resize_image(numpy.full((5, 5, 3), 0.25, numpy.float32), (2, 7))
     assert constant.shape == (2, 7, 3) and constant.dtype == numpy.float32 and (constant == 0.25).all()
-    cubic = scaffe.io.resize_image(im, (12, 16), interp_order=3)
-    assert cubic.min() >= im.min() and cubic.max() <= im.max()
     with pytest.raises(ValueError, match="interp_order"):
-        scaffe.io.resize_image(im, (4, 4), interp_order=5)
+        scaffe.io.resize_image(numpy.ones((3, 3, 1)), (4, 4), interp_order=7)
+    with pytest.raises(ValueError, match="H x W x K"):
+        scaffe.io.resize_image(numpy.ones((3, 3)), (4, 4))
+
+
+def test_resize_image_without_scikit_image(monkeypatch):
+    # The numpy stand-in for linear interpolation; other orders need scikit-image.
+    monkeypatch.setitem(sys.modules, "skimage.transform", None)
+    monkeypatch.setitem(sys.modules, "scipy.ndimage", None)
+    test_resize_image_samples_pixel_centres_with_zeros_beyond_the_edges()
+    test_resize_image_other_channel_counts_align_corners()
+    with pytest.raises(RuntimeError, match="pip install scikit-image"):
+        scaffe.io.resize_image(numpy.eye(3)[:, :, None], (4, 4), interp_order=3)
+
+
+def test_resize_image_is_pycaffes_call_where_scikit_image_is_installed(monkeypatch):
+    resize = pytest.importorskip("skimage.transform").resize
+    zoom = pytest.importorskip("scipy.ndimage").zoom
+    rng = numpy.random.default_rng(3)
+    for shape, dims in [((5, 7, 3), (9, 4)), ((8, 8, 1), (3, 5)), ((6, 4, 3), (6, 11))]:
+        im = rng.uniform(-2, 9, size=shape).astype(numpy.float32)
+        unit = (im - im.min()) / (im.max() - im.min())
+        for order in (0, 1, 3):
+            expected = resize(unit, dims, order=order, mode="constant", anti_aliasing=False)
+            numpy.testing.assert_allclose(scaffe.io.resize_image(im, dims, order),
+                                          expected * (im.max() - im.min()) + im.min(), rtol=1e-5, atol=1e-5)
+    four = rng.uniform(size=(5, 6, 4))
+    numpy.testing.assert_allclose(scaffe.io.resize_image(four, (7, 3)), zoom(four, (7 / 5, 3 / 6, 1), order=1),
+                                  rtol=1e-6)
+    # the numpy stand-in gives the same linear values
+    expected = scaffe.io.resize_image(im, (4, 13))
+    monkeypatch.setitem(sys.modules, "skimage.transform", None)
+    monkeypatch.setitem(sys.modules, "scipy.ndimage", None)
+    numpy.testing.assert_allclose(scaffe.io.resize_image(im, (4, 13)), expected, rtol=1e-5, atol=1e-6)
+    numpy.testing.assert_allclose(scaffe.io.resize_image(four, (7, 3)), zoom(four, (7 / 5, 3 / 6, 1), order=1),
+                                  rtol=1e-6)
 
 
 def test_load_image(tmp_path):
