@@ -124,7 +124,7 @@ def set_solver_rank(rank):
 def set_multiprocess(multiprocess):
     """Accepted and changes nothing: Caffe needs it for Python layers in multi-process training (its
     python/train.py), scaffe's Python layers train in every process of `mpiexec -n N scaffe train` without it."""
-    if not isinstance(multiprocess, (bool, numpy.bool_)):
+    if not isinstance(multiprocess, (int, numpy.integer, numpy.bool_)):  # bool is an int, as for Caffe's binding
         raise TypeError(f"set_multiprocess() takes True or False, got {multiprocess!r}")
 
 
