@@ -157,6 +157,13 @@ class Timer(_Timer):
 
 # ---------------------------------------------------------------- nets
 
+def _callable(function, what):
+    """`function`, checked now rather than where training first calls it."""
+    if not callable(function):
+        raise TypeError(f"{what} must be callable, got {function!r}")
+    return function
+
+
 def _net_arguments(args, weights, phase):
     """pycaffe's positional forms: Net(file, phase) and Net(file, weights, phase); Net(file, weights) too."""
     if len(args) > 2:
@@ -326,19 +333,19 @@ class Net(Closing):
 
     def before_forward(self, run):
         """Calls `run(i)` before layer i's forward from now on, in every pass (training in a solver too)."""
-        self._net.param_needed_hooks.append(run)
+        self._net.param_needed_hooks.append(_callable(run, "before_forward(run): run"))
 
     def after_forward(self, run):
         """Calls `run(i)` after layer i's forward from now on."""
-        self._net.after_forward_hooks.append(run)
+        self._net.after_forward_hooks.append(_callable(run, "after_forward(run): run"))
 
     def before_backward(self, run):
         """Calls `run(i)` before layer i's backward from now on (also for a layer that skips it, as Caffe)."""
-        self._net.before_backward_hooks.append(run)
+        self._net.before_backward_hooks.append(_callable(run, "before_backward(run): run"))
 
     def after_backward(self, run):
         """Calls `run(i)` after layer i's backward from now on (also for a layer that skips it, as Caffe)."""
-        self._net.grads_ready_hooks.append(run)
+        self._net.grads_ready_hooks.append(_callable(run, "after_backward(run): run"))
 
     # ------------------------------------------------------------ whole data sets in batches
 
@@ -519,10 +526,8 @@ class Solver(Closing):
     def add_callback(self, on_start, on_gradients_ready):
         """Calls `on_start()` before each iteration's forward/backward passes and `on_gradients_ready()`
         after them, before the update, in every iteration that step() or solve() runs from now on."""
-        for name, function in (("on_start", on_start), ("on_gradients_ready", on_gradients_ready)):
-            if not callable(function):
-                raise TypeError(f"add_callback(): {name} must be callable, got {function!r}")
-        self._solver.callbacks.append(_PythonCallback(on_start, on_gradients_ready))
+        self._solver.callbacks.append(_PythonCallback(_callable(on_start, "add_callback(): on_start"),
+                                                      _callable(on_gradients_ready, "add_callback(): on_gradients_ready")))
 
     def share_weights(self, net):
         """Makes `net` use the training net's parameter arrays in its layers of the same name, so it

@@ -156,6 +156,8 @@ def test_net_callbacks_wrap_each_layer_in_order(tiny):
     calls.clear()
     net.forward(start="fc", end="fc")  # a part of the net: its layers' callbacks only
     assert calls == [("before_forward", fc), ("after_forward", fc)]
+    with pytest.raises(TypeError, match=r"after_backward\(run\): run must be callable"):
+        net.after_backward("not a function")
 
 
 def test_net_callbacks_run_in_training(tmp_path, tiny):
