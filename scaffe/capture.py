@@ -175,7 +175,8 @@ class CapturedIteration:
     def _hooks(self):
         """What a recording keeps to run between its graphs, besides layers: the hooks and callbacks."""
         net = self.net
-        return (tuple(net.param_needed_hooks), tuple(net.grads_ready_hooks), tuple(self.solver.callbacks))
+        return (tuple(net.param_needed_hooks), tuple(net.after_forward_hooks), tuple(net.before_backward_hooks),
+                tuple(net.grads_ready_hooks), tuple(self.solver.callbacks))
 
     # ------------------------------------------------------------ capture and self-check
 

@@ -8,7 +8,9 @@ ParamSpec name; lr_mult/decay_mult per learnable blob; CopyTrainedLayersFrom and
 
 The distributed trainer hooks in without touching the single-process path: `on_param_needed`
 callbacks run before a layer's forward, `on_grads_ready` callbacks after a layer's backward;
-`on_layer_timed` callbacks (the training timeline) receive each layer's compute interval.
+`on_layer_timed` callbacks (the training timeline) receive each layer's compute interval. With the
+hooks after a layer's forward and before its backward, these are Caffe's four Net callbacks
+(before_forward, after_forward, before_backward, after_backward), which pycaffe exposes.
 
 Every piece of an iteration's work goes through `run_step`, so that a captured iteration (scaffe.capture)
 can tell a layer's device work, which a CUDA graph can replay, from a hook, which must run each time.
@@ -118,9 +120,10 @@ class Net(Closing):
     Running: `forward()` returns the total loss (sum of loss_weight * top; a 0-d array on a GPU),
     `backward()` fills every gradient, `forward_backward()` does both.
 
-    Hooks for a distributed trainer (each a list of callables taking the layer index):
-    `param_needed_hooks` run before layer i's forward, `grads_ready_hooks` after layer i's
-    backward (also for layers that skip backward, so a trainer sees every index). Use
+    Hooks for a distributed trainer and pycaffe's net callbacks (each a list of callables taking the
+    layer index): `param_needed_hooks` run before layer i's forward, `after_forward_hooks` after it,
+    `before_backward_hooks` before layer i's backward and `grads_ready_hooks` after it (both also
+    for layers that skip backward, as in Caffe, so a trainer sees every index). Use
     `params_needed_at(i)` and `grads_ready_at(i)` to know which learnable params are concerned.
     `layer_timed_hooks` get `(i, "forward" or "backward", start, end)` after each layer's computation,
     `stamp()`s taken around it (perf_counter seconds on the CPU, CUDA events on a GPU) only while one
@@ -145,6 +148,8 @@ class Net(Closing):
         if data_root is None and source and os.path.exists(source):
             self.data_root = os.path.dirname(os.path.abspath(source))
         self.param_needed_hooks = []
+        self.after_forward_hooks = []
+        self.before_backward_hooks = []
         self.grads_ready_hooks = []
         self.layer_timed_hooks = []
         self.tape = None  # the scaffe.capture tape recording or checking this net's steps, if any
@@ -505,6 +510,8 @@ class Net(Closing):
             self.run_step(record, self._timed, i, "forward", self._forward_layer, record)
             if record.loss_tops:
                 self.run_step(None, self._add_loss, record)
+            for hook in self.after_forward_hooks:
+                self.run_step(HOST, hook, i)
         return self._loss
 
     def _timed(self, i, phase, work, record):
@@ -559,6 +566,8 @@ class Net(Closing):
         if start == len(self.layer_records) - 1:
             self.run_step(None, self._reset_loss_diffs)
         for i in range(start, end - 1, -1):
+            for hook in self.before_backward_hooks:
+                self.run_step(HOST, hook, i)
             record = self.layer_records[i]
             if record.need_backward:
                 self.run_step(record, self._timed, i, "backward", self._backward_layer, record)

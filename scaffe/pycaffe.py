@@ -15,14 +15,18 @@ from scaffe import io as sio
 from scaffe.blob_view import BlobView
 from scaffe.closing import Closing
 from scaffe.layer_impls import known_types
+from scaffe.log import get_logger, setup_logging
 from scaffe.net import Net as _CoreNet
 from scaffe.proto import caffe_pb2
 from scaffe.solvers import read_solver_file, seed_random, solver_class
+from scaffe.solvers.callbacks import SolverCallback
+from scaffe.timer import Timer as _Timer
 
 __all__ = ["TRAIN", "TEST", "Net", "BlobView", "Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver",
            "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "set_mode_cpu", "set_mode_gpu",
            "set_device", "set_random_seed", "layer_type_list", "has_nccl",
-           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank"]
+           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank", "set_multiprocess",
+           "Timer", "init_log", "log"]
 
 TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
@@ -117,7 +121,48 @@ def set_solver_rank(rank):
     _solvers["rank"] = int(rank)
 
 
+def set_multiprocess(multiprocess):
+    """Accepted and changes nothing: Caffe needs it for Python layers in multi-process training (its
+    python/train.py), scaffe's Python layers train in every process of `mpiexec -n N scaffe train` without it."""
+    if not isinstance(multiprocess, (int, numpy.integer, numpy.bool_)):  # bool is an int, as for Caffe's binding
+        raise TypeError(f"set_multiprocess() takes True or False, got {multiprocess!r}")
+
+
+# ---------------------------------------------------------------- logging and timing
+
+def init_log(level=None, stderr=None):
+    """Starts logging as pycaffe's init_log(), init_log(level), init_log(level, stderr): messages of glog
+    severity `level` (0 INFO, 1 WARNING, 2 ERROR, 3 FATAL) and above, `stderr` setting glog's logtostderr;
+    left out, GLOG_minloglevel and GLOG_logtostderr decide. Unlike glog without logtostderr, the messages
+    go to stderr too (and to log files only where GLOG_log_dir names a folder), as in scaffe's commands."""
+    flags = {}
+    if level is not None:
+        flags["minloglevel"] = str(int(level))
+    if stderr is not None:
+        flags["logtostderr"] = "true" if stderr else "false"
+    setup_logging(flags)
+
+
+def log(message):
+    """Logs `message` at INFO, as Caffe's LOG(INFO) (pycaffe's caffe.log)."""
+    get_logger().info("%s", message)
+
+
+class Timer(_Timer):
+    """pycaffe's caffe.Timer: `start()`, `stop()`, `ms`; made in GPU mode, it times the device's work."""
+
+    def __init__(self):
+        super().__init__(_array_module())
+
+
 # ---------------------------------------------------------------- nets
+
+def _callable(function, what):
+    """`function`, checked now rather than where training first calls it."""
+    if not callable(function):
+        raise TypeError(f"{what} must be callable, got {function!r}")
+    return function
+
 
 def _net_arguments(args, weights, phase):
     """pycaffe's positional forms: Net(file, phase) and Net(file, weights, phase); Net(file, weights) too."""
@@ -284,6 +329,24 @@ class Net(Closing):
         """Propagates new input shapes (after `net.blobs[name].reshape(...)`) through every layer."""
         self._net.reshape()
 
+    # ------------------------------------------------------------ Caffe's per-layer callbacks: run(layer index)
+
+    def before_forward(self, run):
+        """Calls `run(i)` before layer i's forward from now on, in every pass (training in a solver too)."""
+        self._net.param_needed_hooks.append(_callable(run, "before_forward(run): run"))
+
+    def after_forward(self, run):
+        """Calls `run(i)` after layer i's forward from now on."""
+        self._net.after_forward_hooks.append(_callable(run, "after_forward(run): run"))
+
+    def before_backward(self, run):
+        """Calls `run(i)` before layer i's backward from now on (also for a layer that skips it, as Caffe)."""
+        self._net.before_backward_hooks.append(_callable(run, "before_backward(run): run"))
+
+    def after_backward(self, run):
+        """Calls `run(i)` after layer i's backward from now on (also for a layer that skips it, as Caffe)."""
+        self._net.grads_ready_hooks.append(_callable(run, "after_backward(run): run"))
+
     # ------------------------------------------------------------ whole data sets in batches
 
     @staticmethod
@@ -392,19 +455,29 @@ class Net(Closing):
 
 # ---------------------------------------------------------------- solvers
 
+class _PythonCallback(SolverCallback):
+    """The two functions of pycaffe's Solver.add_callback as a solver callback."""
+
+    def __init__(self, on_start, on_gradients_ready):
+        self.on_start, self.on_gradients_ready = on_start, on_gradients_ready
+
+
 class Solver(Closing):
     """A solver made from a solver prototxt, with pycaffe's interface: `net`, `test_nets`, `iter`,
-    `step(n)`, `solve()`, `snapshot()`, `restore(path)`. Its nets are made in the current mode, and
-    its test nets share the training net's weights from the start.
+    `max_iter`, `step(n)`, `solve()`, `snapshot()`, `restore(path)`, `add_callback`, `share_weights`.
+    Its nets are made in the current mode, and its test nets share the training net's weights from the start.
 
-    `Solver(path)` and `get_solver(path)` use the file's `type`; SGDSolver, AdamSolver ... force theirs.
+    `Solver(path)` uses the file's `type`; get_solver(path) too, as the class of that type (SGDSolver,
+    AdamSolver ...), and SGDSolver(path), AdamSolver(path) ... force theirs.
     """
 
     type = None
 
     def __init__(self, solver_file):
         solver_file = os.fspath(solver_file)
-        param = read_solver_file(solver_file)
+        self._make(solver_file, read_solver_file(solver_file))
+
+    def _make(self, solver_file, param):
         cls = solver_class(self.type or param.type)
         self._solver = cls(param, source=solver_file, net_kwargs={"xp": _array_module()})
         # Test nets see the training weights from the start, not only after the first test
@@ -417,6 +490,10 @@ class Solver(Closing):
     @property
     def iter(self):
         return self._solver.iter
+
+    @property
+    def max_iter(self):
+        return self._solver.param.max_iter
 
     @property
     def param(self):
@@ -446,6 +523,19 @@ class Solver(Closing):
         """Scores test net `test_net_id` over its test_iter batches; returns {output: mean}."""
         return self._solver.test(test_net_id)
 
+    def add_callback(self, on_start, on_gradients_ready):
+        """Calls `on_start()` before each iteration's forward/backward passes and `on_gradients_ready()`
+        after them, before the update, in every iteration that step() or solve() runs from now on."""
+        self._solver.callbacks.append(_PythonCallback(_callable(on_start, "add_callback(): on_start"),
+                                                      _callable(on_gradients_ready, "add_callback(): on_gradients_ready")))
+
+    def share_weights(self, net):
+        """Makes `net` use the training net's parameter arrays in its layers of the same name, so it
+        sees every update the solver makes (Caffe's share_weights: net.share_with(solver.net))."""
+        if not isinstance(net, Net):
+            raise TypeError(f"share_weights() takes a caffe.Net, got {type(net).__name__}")
+        net.share_with(self.net)
+
     def close(self):
         self._solver.close()
 
@@ -453,27 +543,42 @@ class Solver(Closing):
 class SGDSolver(Solver):
     type = "SGD"
 
+    @property
+    def lr(self):
+        """The learning rate of the coming update (Caffe's GetLearningRate)."""
+        return self._solver.get_learning_rate()
 
-class NesterovSolver(Solver):
+
+# As in Caffe, every other solver is an SGDSolver.
+class NesterovSolver(SGDSolver):
     type = "Nesterov"
 
 
-class AdaGradSolver(Solver):
+class AdaGradSolver(SGDSolver):
     type = "AdaGrad"
 
 
-class RMSPropSolver(Solver):
+class RMSPropSolver(SGDSolver):
     type = "RMSProp"
 
 
-class AdaDeltaSolver(Solver):
+class AdaDeltaSolver(SGDSolver):
     type = "AdaDelta"
 
 
-class AdamSolver(Solver):
+class AdamSolver(SGDSolver):
     type = "Adam"
 
 
+_SOLVERS_BY_TYPE = {cls.type: cls for cls in (SGDSolver, NesterovSolver, AdaGradSolver, RMSPropSolver,
+                                               AdaDeltaSolver, AdamSolver)}
+
+
 def get_solver(solver_file):
-    """The solver the file describes (its `type`, default SGD)."""
-    return Solver(solver_file)
+    """The solver the file describes, as the class of its `type` (default SGD): an AdamSolver for
+    `type: "Adam"`, and so on (a Solver for a type pycaffe has no class for)."""
+    solver_file = os.fspath(solver_file)
+    param = read_solver_file(solver_file)
+    solver = Solver.__new__(_SOLVERS_BY_TYPE.get(param.type, Solver))
+    solver._make(solver_file, param)
+    return solver

@@ -1,13 +1,14 @@
 """Python layer (Caffe's "Python"): a layer whose steps are a Python class, named by python_param.
 
 `python_param { module: "pyloss" layer: "EuclideanLossLayer" param_str: "..." }` imports `pyloss`
-(from PYTHONPATH, as Caffe does) and builds `EuclideanLossLayer(layer_param)`, a subclass of
+(from PYTHONPATH, as Caffe does; its `import caffe` gives scaffe) and builds `EuclideanLossLayer(layer_param)`, a subclass of
 `scaffe.Layer` (pycaffe's `caffe.Layer`). It trains like a built-in layer, in a Solver, `scaffe train`
 and under mpiexec (each rank builds its own instance, so `share_in_parallel` has nothing to share).
 """
 import importlib
 
 from scaffe.blob_view import BlobVec, BlobView
+from scaffe.caffe_alias import alias_caffe
 from scaffe.layer_impls import register
 from scaffe.layer_impls.layer import Layer as _CoreLayer
 
@@ -56,11 +57,13 @@ def _python_layer(param):
     spec = param.python_param
     if not spec.module or not spec.layer:
         raise ValueError("python_param needs `module` (a Python module on PYTHONPATH) and `layer` (a class in it)")
+    alias_caffe()  # the module may `import caffe`, as Caffe's documented layers do
     try:
         module = importlib.import_module(spec.module)
     except ModuleNotFoundError as e:
-        if e.name != spec.module:
-            raise
+        if e.name != spec.module and not spec.module.startswith(f"{e.name}."):
+            raise ValueError(f"python_param.module {spec.module!r} cannot be imported: it imports {e.name!r} ({e}); "
+                             f"install {e.name} or put the folder that holds it on PYTHONPATH") from None
         raise ValueError(f"python_param.module {spec.module!r} cannot be imported ({e}); "
                          f"put the folder that holds {spec.module}.py on PYTHONPATH") from None
     cls = getattr(module, spec.layer, None)

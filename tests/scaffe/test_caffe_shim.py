@@ -37,6 +37,14 @@ net = n.to_proto()
 assert [layer.type for layer in net.layer] == ["Input", "Pooling", "Crop"]
 assert isinstance(net, caffe_pb2.NetParameter) and caffe.TEST == caffe_pb2.TEST
 assert caffe.draw.draw_net(net, "LR", ext="raw").startswith(b"digraph")
+# Every name BVLC Caffe's caffe/__init__.py exports, but NCCL (has_nccl() is False).
+for name in ("Net", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver",
+             "Timer", "init_log", "log", "set_mode_cpu", "set_mode_gpu", "set_device", "Layer", "get_solver",
+             "layer_type_list", "set_random_seed", "solver_count", "set_solver_count", "solver_rank",
+             "set_solver_rank", "set_multiprocess", "has_nccl", "TRAIN", "TEST", "Classifier", "Detector", "io",
+             "layers", "params", "NetSpec", "to_proto"):
+    assert hasattr(caffe, name), name
+assert callable(caffe.log) and not caffe.has_nccl()
 print("ok", len(caffe.layer_type_list()))
 """
 

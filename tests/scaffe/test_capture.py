@@ -346,3 +346,32 @@ def test_a_bad_label_in_a_replayed_iteration_is_reported_at_the_next_fetch(nvmat
     batches[4] = [0, 7, 2, 1]
     with pytest.raises(ValueError, match="layer 'loss': label 7 is outside 0..2"):
         solver.step(3)  # fetches the loss, and the labels' check, at its last iteration only
+
+
+def test_net_callbacks_added_after_the_capture_run_at_every_replay(nvmath_stand_in, monkeypatch, caplog):
+    """pycaffe's after_forward and before_backward callbacks, added once an iteration is captured, make it
+    capture again with them, and then run between the graphs at every replayed iteration."""
+    from scaffe import io as sio
+    from scaffe.pycaffe import Net
+    from scaffe.proto import caffe_pb2
+    cupy = __import__("cupy")
+    monkeypatch.setenv("SCAFFE_CAPTURE", "1")
+    param = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0,
+                                      snapshot_after_train=False)
+    param.net_param.CopyFrom(sio.parse_net_text(HINGE_NET))
+    solver = create_solver(param, net_kwargs={"xp": cupy})
+    solver.net.blobs["data"].data[...] = cupy.asarray(numpy.random.default_rng(0).standard_normal((4, 6)),
+                                                      numpy.float32)
+    solver.net.blobs["label"].data[...] = cupy.asarray([0, 1, 2, 1], numpy.float32)
+    solver.step(4)  # two eager iterations, the capture, one replay
+    assert solver.capture.recording is not None
+    calls = []
+    net = Net._wrap(solver.net)
+    net.after_forward(lambda i: calls.append(("after_forward", i)))
+    net.before_backward(lambda i: calls.append(("before_backward", i)))
+    with caplog.at_level(logging.INFO, logger="scaffe"):
+        solver.step(3)
+    assert "hooks or callbacks were added since the capture; capturing again" in caplog.text
+    assert solver.capture.recording is not None
+    one_iteration = [("after_forward", i) for i in range(3)] + [("before_backward", i) for i in (2, 1, 0)]
+    assert calls[-2 * len(one_iteration):] == one_iteration * 2  # the last two iterations were replays

@@ -207,3 +207,75 @@ def test_python_layers_on_the_cupy_path(cupy_stand_in):
         numpy.testing.assert_allclose(device, host, rtol=1e-6)
     numpy.testing.assert_allclose(results[0][0], 2 * (x + 0.5), rtol=1e-6)
     numpy.testing.assert_allclose(results[0][2], [16, 16, 16])  # d(sum of z)/db = 2 per element, 8 per channel
+
+
+# A layer module written for BVLC Caffe: it imports `caffe`, which nobody put on PYTHONPATH.
+CAFFE_STYLE_MODULE = """
+import caffe
+{extra_import}
+
+class TimesTwo(caffe.Layer):
+    def setup(self, bottom, top):
+        pass
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+
+    def forward(self, bottom, top):
+        top[0].data[...] = 2 * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            bottom[0].diff[...] = 2 * top[0].diff
+"""
+# z = 2 (W x + b) against the target y, x and y constant, W and b from constant fillers: a numpy loop is the oracle.
+CAFFE_STYLE_NET = """name: "times_two"
+layer {{ name: "data" type: "DummyData" top: "x" top: "y"
+  dummy_data_param {{ shape {{ dim: 2 dim: 3 }} shape {{ dim: 2 dim: 2 }}
+                     data_filler {{ type: "constant" value: 1 }} data_filler {{ type: "constant" value: 3 }} }} }}
+layer {{ name: "fc" type: "InnerProduct" bottom: "x" top: "fc"
+  inner_product_param {{ num_output: 2 weight_filler {{ type: "constant" value: 0.25 }} }} }}
+layer {{ name: "double" type: "Python" bottom: "fc" top: "z" python_param {{ module: "{module}" layer: "TimesTwo" }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "y" top: "loss" }}
+"""
+CAFFE_STYLE_SOLVER = 'net: "{net}" base_lr: 0.05 lr_policy: "fixed" max_iter: 3 snapshot_prefix: "{prefix}"\n'
+
+
+def run_scaffe_train(tmp_path, module, extra_import=""):
+    """`python -m scaffe train` on the TimesTwo net whose layer module is `module`, with only the repository
+    and the module's folder on PYTHONPATH."""
+    layers = tmp_path / "layers"
+    layers.mkdir(exist_ok=True)
+    (layers / "caffe_style_layers.py").write_text(CAFFE_STYLE_MODULE.format(extra_import=extra_import))
+    net = tmp_path / "net.prototxt"
+    net.write_text(CAFFE_STYLE_NET.format(module=module))
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(CAFFE_STYLE_SOLVER.format(net=net, prefix=tmp_path / "times_two"))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join([str(ROOT), str(layers)]),
+           "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "scaffe", "train", f"--solver={solver}"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240, start_new_session=True)
+
+
+def test_scaffe_train_loads_a_layer_module_that_imports_caffe(tmp_path):
+    done = run_scaffe_train(tmp_path, "caffe_style_layers")
+    assert done.returncode == 0, done.stderr[-3000:]
+    x, y = numpy.ones((2, 3)), numpy.full((2, 2), 3.0)
+    w, b = numpy.full((2, 3), 0.25), numpy.zeros(2)
+    for _ in range(3):  # SGD on sum((2 (W x + b) - y)^2) / (2 N)
+        dz = (2 * (x @ w.T + b) - y) / 2
+        w, b = w - 0.05 * 2 * dz.T @ x, b - 0.05 * 2 * dz.sum(axis=0)
+    trained = sio.net_weights(sio.read_net_binary(str(tmp_path / "times_two_iter_3.caffemodel")))["fc"]
+    numpy.testing.assert_allclose(trained[0], w, rtol=1e-5)
+    numpy.testing.assert_allclose(trained[1], b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("module,extra_import,missing", [
+    ("no_such_layers_module", "", "no_such_layers_module"),
+    ("caffe_style_layers", "import no_such_dependency", "no_such_dependency")])
+def test_scaffe_train_names_a_missing_layer_module_in_one_line(tmp_path, module, extra_import, missing):
+    done = run_scaffe_train(tmp_path, module, extra_import)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("scaffe train: ") and "layer 'double' (Python)" in last, last
+    assert f"python_param.module '{module}' cannot be imported" in last and f"'{missing}'" in last, last
