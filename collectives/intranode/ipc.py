@@ -82,7 +82,7 @@ class _DeviceState:
 
     def __init__(self, device):
         self.device = device
-        self.peers = peers.of(device)
+        self.peers = peers.use(device)  # released when the communicator is freed
         with device.current():
             self.stream = device.new_stream()
         self.spare_markers = collections.deque()  # taken by callers, given back by whoever ran the call
@@ -170,6 +170,9 @@ class NodeIpc(CounterBlock):
 
     def free(self):
         self._plans.clear()
+        for state in self._states.values():
+            peers.release(state.peers)
+        self._states.clear()
         super().free()
 
     def state(self, device):
