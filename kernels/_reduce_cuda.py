@@ -8,7 +8,7 @@ every call; threads stride over the grid, so any length runs on a bounded grid.
 The simulator (NUMBA_ENABLE_CUDASIM=1) runs every CUDA thread as a Python thread, so there the grid is
 kept to one small block.
 """
-from kernels.cuda_sources import THREADS, blocks
+from kernels.grid import THREADS, blocks
 from kernels.numba_cuda import SIMULATED, cuda
 
 # The combining functions are inlined into the kernel in Numba's IR (inline="always"), so compiling the

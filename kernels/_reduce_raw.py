@@ -9,14 +9,12 @@ The source is one string; a variant is chosen by -D options (element type, op, K
 own kernel, whose K + M pointer parameters are written out for it, so each (op, dtype, K, M) compiles
 once per process. `variant` gives (name, source, options) for
 one of them and `variants` a set that compiles every line of the source for every op and every dtype;
-kernels.cuda_sources registers that set for the sm_80/sm_90 compile check, and `raw_kernel` registers
+kernels.cuda_sources registers that set for the sm_80/sm_90 compile check, and its `reduce_kernel` registers
 any other variant there when it is first needed.
 float16 is handled as its bits with PTX conversions, and complex numbers as pairs, so the source needs
 no header beyond what NVRTC has built in. Floating point is compiled without fused multiply-add, like
 numpy's arithmetic.
 """
-import functools
-
 import numpy
 
 SOURCE = r"""
@@ -208,12 +206,3 @@ def variants():
              ("sum", "complex64"), ("prod", "complex64"), ("prod", "complex128")]
     return [variant(op, dtype, 3, 2) for op, dtype in pairs] + [variant("copy", "float32", 1, 2)]
 
-
-@functools.cache
-def raw_kernel(op, dtype, inputs, outputs):
-    """The cupy RawKernel of `variant(...)`, through kernels.cuda_sources (cupy compiles it on first launch)."""
-    from kernels import cuda_sources
-    name, source, options = variant(op, dtype, inputs, outputs)
-    if name not in cuda_sources.SOURCES:
-        cuda_sources.register(cuda_sources.CudaSource(name, source, options))
-    return cuda_sources.raw_kernel(name)

@@ -11,6 +11,7 @@ To add a CUDA C kernel (the collectives' fused K-input reduce among them): `regi
 here, in this module (kernels sits below collectives and scaffe, so both can use it), and build it with
 `raw_kernel(name)`. Sources are self-contained: NVRTC from the wheel has no <cfloat> or standard headers.
 """
+import functools
 import re
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import numpy
 
 from kernels import _reduce_raw
 from kernels.backend import get_array_module
+from kernels.grid import THREADS, blocks
 
 # The C types a scalar kernel parameter may have, and the numpy type an argument is passed as (cupy passes
 # a RawKernel's arguments by their own type, so a Python int would arrive as 64 bits for a 32-bit int).
@@ -387,17 +389,7 @@ for _name, _code, _options in _reduce_raw.variants():
 
 # ---------------------------------------------------------------- cupy side (imports cupy when called)
 
-# The one launch shape of the project's elementwise kernels (every one a grid-stride loop): a thread per
-# element up to 65536 blocks, and the loop covers the rest. With it the collectives' fused reduce runs as
-# fast as a kernel written for one case (fewer blocks were slower: perf/RESULTS.md, "The device path on a GPU").
-THREADS = 256
-MAX_BLOCKS = 65536
 _raw_kernels = {}
-
-
-def blocks(total):
-    """The blocks of THREADS threads that a grid-stride kernel over `total` elements is launched with."""
-    return max(1, min(MAX_BLOCKS, -(-total // THREADS)))
 
 
 def raw_kernel(name):
@@ -409,6 +401,16 @@ def raw_kernel(name):
             raise KeyError(f"no CUDA source {name!r} is registered in kernels.cuda_sources")
         _raw_kernels[name] = cupy.RawKernel(source.code, source.name, options=source.options)
     return _raw_kernels[name]
+
+
+@functools.cache
+def reduce_kernel(op, dtype, inputs, outputs):
+    """The cupy RawKernel of the collectives' fused reduce `_reduce_raw.variant(...)`, registered here on
+    first use when it is not one of the variants registered above."""
+    name, source, options = _reduce_raw.variant(op, dtype, inputs, outputs)
+    if name not in SOURCES:
+        register(CudaSource(name, source, options))
+    return raw_kernel(name)
 
 
 def launch_elementwise(base, dtype, total, *args):

@@ -69,7 +69,8 @@ def bounds():
 def _bound_kernels(size):
     import cupy
 
-    from kernels.cuda_sources import THREADS, blocks, launch
+    from kernels.cuda_sources import launch
+    from kernels.grid import THREADS, blocks
     count = size // 4
     inputs = [cupy.full(count, k + 1, dtype=cupy.float32) for k in range(RANKS)]
     outputs = [cupy.empty(count, dtype=cupy.float32) for _ in range(RANKS)]

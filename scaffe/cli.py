@@ -485,33 +485,13 @@ def _device_query(args):
 
 # ---------------------------------------------------------------- data tools
 
-@command("convert", "build LMDBs (no ARGS for mnist: the bundled digits into examples/mnist)",
-         "mnist|imageset ARGS", parses_own_flags=True)
-def _convert(argv):
-    kind, argv = (argv[0], argv[1:]) if argv else ("", [])
-    if kind == "mnist":
-        from scaffe.tools import convert_mnist
-        if not argv:
-            train, test = convert_mnist.ensure_mnist_lmdb(os.path.join("examples", "mnist"))
-            log.info("MNIST LMDBs ready: %s, %s", train, test)
-            return 0
-        return convert_mnist.main(argv)
-    if kind == "imageset":
-        from scaffe.tools import convert_imageset
-        return convert_imageset.main(argv)
-    if kind in ("-h", "--help"):
-        sys.stdout.write("usage: scaffe convert mnist [IMAGES LABELS DB] | imageset [flags] ROOT/ LIST DB\n"
-                         "  (scaffe convert mnist --help, scaffe convert imageset --help: their flags)\n")
-        return 0
-    raise SystemExit(f"scaffe convert: say what to convert: mnist [IMAGES LABELS DB] or imageset ROOT/ LIST DB, "
-                     f"got {kind!r}")
-
-
 def _tool(module, *leading):
     """A handler running `scaffe.tools.<module>.main(*leading, argv)`, imported when it runs."""
     return lambda argv: importlib.import_module(f"scaffe.tools.{module}").main(*leading, argv)
 
 
+command("convert", "build LMDBs (no ARGS for mnist: the bundled digits into examples/mnist)", "mnist|imageset ARGS",
+        parses_own_flags=True)(_tool("convert"))
 for _name, _module, _arguments, _summary in (
         ("convert_imageset", "convert_imageset", "[flags] ROOT/ LIST DB", "Caffe's name for convert imageset"),
         ("convert_mnist_data", "convert_mnist", "IMAGES LABELS DB", "Caffe's name for convert mnist"),

@@ -17,8 +17,10 @@ import numpy
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
+from scaffe.messages import CaffeFormatError, copy_message, parse_datum
 from scaffe.preprocess import Transformer, load_image, oversample, resize_image
 from scaffe.proto import caffe_pb2
+from scaffe.upgrade import upgrade_net, upgrade_solver
 
 __all__ = [
     "CaffeFormatError", "copy_message", "to_host",
@@ -34,17 +36,6 @@ __all__ = [
     "array_to_datum", "datum_to_array", "arraylist_to_blobprotovector_str", "blobprotovector_str_to_arraylist",
     "Transformer", "load_image", "resize_image", "oversample",
 ]
-
-
-class CaffeFormatError(ValueError):
-    """A file could not be read as the Caffe format it should have; the message names the file."""
-
-
-def copy_message(msg):
-    """A new protobuf message equal to `msg`."""
-    out = type(msg)()
-    out.CopyFrom(msg)
-    return out
 
 
 def to_host(array):
@@ -125,7 +116,6 @@ def read_text_proto(path, message_class, what=None):
 def parse_net_text(text, source="<string>"):
     """A NetParameter from prototxt text, upgraded to today's format as Caffe does on load (V0 and
     V1 `layers`, net inputs, data transformation fields, old BatchNorm params: see scaffe.upgrade)."""
-    from scaffe.upgrade import upgrade_net  # here, as scaffe.upgrade imports this module
     net = _parse_text(text, caffe_pb2.NetParameter, source, "Caffe net (NetParameter)")
     upgrade_net(net, source)
     return net
@@ -140,7 +130,6 @@ def read_net_prototxt(path):
 def parse_solver_text(text, source="<string>"):
     """A SolverParameter from prototxt text; the deprecated `solver_type` enum is turned into `type`
     and inline nets are upgraded (see scaffe.upgrade)."""
-    from scaffe.upgrade import upgrade_solver
     solver = _parse_text(text, caffe_pb2.SolverParameter, source, "Caffe solver (SolverParameter)")
     upgrade_solver(solver, source)
     return solver
@@ -184,7 +173,6 @@ def read_net_binary(path):
     """The NetParameter of a .caffemodel. Files in the old V0/V1 `layers` formats are upgraded as
     Caffe does on load (scaffe.upgrade); others are returned as stored, so they round-trip byte
     for byte (Caffe's other upgrades, e.g. of BatchNorm's param specs, do not touch weights)."""
-    from scaffe.upgrade import upgrade_net
     path = os.fspath(path)
     net = read_binary_proto(path, caffe_pb2.NetParameter, "Caffe model (NetParameter)")
     if len(net.layers):
@@ -538,7 +526,6 @@ def datum_to_array(datum):
     the label is `datum.label`. An encoded (JPEG/PNG) Datum is decoded by scaffe.data.datum instead.
     `datum` may also be the bytes of a database record; bytes that are no Datum, or a Datum whose values
     do not fill its shape, raise CaffeFormatError."""
-    from scaffe.data.datum import parse_datum  # here, as scaffe.data.datum imports this module
     datum = parse_datum(datum)
     shape = (datum.channels, datum.height, datum.width)
     if datum.encoded:

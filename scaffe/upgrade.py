@@ -9,7 +9,7 @@ has no place in the new format is logged as a warning and dropped (Caffe: "conti
 they return False then, which the upgrade tools turn into exit status 1. A net that cannot be
 upgraded at all raises CaffeFormatError.
 """
-from scaffe.io import CaffeFormatError, copy_message
+from scaffe.messages import CaffeFormatError, copy_message
 from scaffe.log import get_logger
 from scaffe.proto import caffe_pb2
 

@@ -136,9 +136,9 @@ class CudaDevice(Device):
         count = outputs[0].size
         if count == 0:
             return lambda stream: None
-        from kernels._reduce_raw import raw_kernel
-        from kernels.cuda_sources import THREADS, blocks
-        kernel = raw_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
+        from kernels.cuda_sources import reduce_kernel
+        from kernels.grid import THREADS, blocks
+        kernel = reduce_kernel(op, numpy.dtype(outputs[0].dtype), len(inputs), len(outputs))
         # Pointers pass as 64-bit integers: the views are numba's and cupy's arrays alike, and the launch
         # keeps none of them (their owners decide when the memory goes).
         arguments = [ctypes.c_uint64(_pointer(view)) for view in (*inputs, *outputs)] + [ctypes.c_int64(count)]

@@ -12,6 +12,9 @@ allocations by larger regions), every mapping of that peer is closed and the ope
 UCX's CUDA IPC cache does. The least recently used mappings are closed beyond `capacity`. `closes`
 counts every close: a plan holding mapped pointers is valid only while it has not moved.
 
+A cache lives as long as the communicators that use it (`use`, `release`): when the last of them is freed,
+every mapping is closed, so peers' memory is not held mapped by a process that has stopped communicating.
+
 The communicators of a process share their device's cache (the S-Caffe schedule's two run their calls
 from two progress threads), so whoever maps views and runs work reading them holds `lock` from the
 mapping (or the check of `closes`) to the end of that work: no thread closes a mapping while another's
@@ -23,6 +26,7 @@ import threading
 import numpy
 
 _caches = {}  # Device -> PeerMemory
+_users_lock = threading.Lock()  # counts of users change only under it
 
 
 def of(device):
@@ -31,6 +35,25 @@ def of(device):
     if cache is None:
         cache = _caches.setdefault(device, PeerMemory(device))  # two threads asking first get one cache
     return cache
+
+
+def use(device):
+    """The registration cache of `device`, for one more user (a communicator) until it calls `release`."""
+    cache = of(device)
+    with _users_lock:
+        cache.users += 1
+    return cache
+
+
+def release(cache):
+    """One user of `cache` is done with it; when it was the last, every mapping is closed (a later user maps
+    what it needs again)."""
+    with _users_lock:
+        cache.users -= 1
+        last = cache.users == 0
+    if last:
+        with cache.lock:  # no kernel of this process reads a mapping while it closes
+            cache.close()
 
 
 class PeerMemory:
@@ -43,6 +66,7 @@ class PeerMemory:
         self._opened = collections.OrderedDict()  # (pid, base) -> (handle bytes, size, what device.open returned)
         self.opens = 0  # how many handles were actually opened (the tests check the cache with it)
         self.closes = 0
+        self.users = 0  # communicators using the cache (see `use`)
 
     def view(self, pid, base, size, handle, offset, count, dtype):
         """A view of `count` `dtype` elements at `offset` in process `pid`'s allocation of `size` bytes at

@@ -23,7 +23,7 @@ def run(windows, src, dst, op, target, base, mode):
         else:
             step()
     if steps.in_place[steps.me] is not None:  # peers read my send buffer in place: mine again once done
-        windows.wait_all(steps.peers, Slot.REDUCED, base | steps.groups)
+        windows.wait_ranks(steps.peers, Slot.REDUCED, base | steps.groups)
 
 
 class _Steps:
@@ -40,7 +40,7 @@ class _Steps:
         self.peers = [k for k in range(size) if k != me]
         self.reader = target < 0 or target == me
         self.other_readers = [k for k in self.peers if hands_out and (target < 0 or k == target)]
-        w.wait_all(self.peers, Slot.COPIED, base)  # their buffers' facts are readable
+        w.wait_ranks(self.peers, Slot.COPIED, base)  # their buffers' facts are readable
         self.send_shift = [w.field(k, Slot.SEND_LINE_OFF) for k in range(size)]
         self.result_shift = [w.field(k if target < 0 else target, Slot.RECV_LINE_OFF) for k in range(size)]
         self.in_place = [None if self.ready else w.send_buffer(k, self.dtype, n) for k in range(size)]
@@ -88,7 +88,7 @@ class _Steps:
     def reduce_mine(self):
         """My piece of the group from every rank's input, into my result cell and dst."""
         w, g, me = self.w, self.reduced, self.me
-        w.acquire()
+        w.fence()  # what the owners wrote before the counters seen since is visible
         lo, hi = self.piece(me, g)
         if lo < hi:
             cell = (w.cell(w.result_rings[me], g % DEPTH, self.dtype, hi - lo, self.result_shift[me])
@@ -115,7 +115,7 @@ class _Steps:
     def drain(self):
         """The other owners' results of the group, into my dst."""
         w, g = self.w, self.drained
-        w.acquire()
+        w.fence()  # what the owners wrote before the counters seen since is visible
         for j in self.peers:
             lo, hi = self.piece(j, g)
             if lo < hi:

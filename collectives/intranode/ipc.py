@@ -40,12 +40,12 @@ import itertools
 import os
 
 import numpy
-from mpi4py import MPI
 
 from collectives import ops, settings
 from collectives.devices import HANDLE_BYTES, peers
 from collectives.errors import CollectiveError
-from collectives.intranode.wait import wait_for_column, wait_until
+from collectives.intranode.counters import CounterBlock
+from collectives.intranode.wait import wait_until
 
 KINDS = ("reduce", "allreduce", "bcast")
 _NO_OP = -1  # a Bcast's op code
@@ -66,6 +66,8 @@ _RECORD = numpy.dtype([
     ("error", f"S{_ERROR_BYTES}"),
 ])
 _AGREED = ("kind", "op", "dtype", "count", "root")  # what every local rank must have passed alike
+# The counters' words in a record (CounterBlock's protocol)
+READY, DONE, FAILED = (_RECORD.fields[name][1] // 8 for name in ("ready", "done", "failed"))
 
 
 def _handle_field(handle):
@@ -80,7 +82,7 @@ class _DeviceState:
 
     def __init__(self, device):
         self.device = device
-        self.peers = peers.of(device)
+        self.peers = peers.use(device)  # released when the communicator is freed
         with device.current():
             self.stream = device.new_stream()
         self.spare_markers = collections.deque()  # taken by callers, given back by whoever ran the call
@@ -146,20 +148,14 @@ class _Plan:
         self.launch, self.closes = launch, closes
 
 
-class NodeIpc:
-    """The records window of one node communicator, its plans, and the per-device state behind them."""
+class NodeIpc(CounterBlock):
+    """The records of one node communicator (a counter block: `ready`, `done` and `failed` are its counters),
+    its plans, and the per-device state behind them."""
 
     def __init__(self, node_comm):
+        super().__init__(node_comm, _RECORD)
         self.node_comm = node_comm
-        self.local_rank = node_comm.Get_rank()
-        self.local_size = node_comm.Get_size()
-        # Every record lives in one block on local rank 0, so a wait reads one small region.
-        size = _RECORD.itemsize * self.local_size if self.local_rank == 0 else 0
-        self._win = MPI.Win.Allocate_shared(size, _RECORD.itemsize, comm=node_comm)
-        self._win.Lock_all()
-        memory, _ = self._win.Shared_query(0)
-        self.records = numpy.frombuffer(memory, dtype=_RECORD, count=self.local_size)
-        self.records[self.local_rank] = numpy.zeros((), dtype=_RECORD)
+        self.records = self.rows
         self._ready, self._done = self.records["ready"], self.records["done"]
         self._failed, self._call_ids = self.records["failed"], self.records["call_id"]
         stall_s = settings.stall_seconds()
@@ -174,8 +170,10 @@ class NodeIpc:
 
     def free(self):
         self._plans.clear()
-        self._win.Unlock_all()
-        self._win.Free()
+        for state in self._states.values():
+            peers.release(state.peers)
+        self._states.clear()
+        super().free()
 
     def state(self, device):
         state = self._states.get(device)
@@ -208,9 +206,9 @@ class NodeIpc:
             for counter in ("ready", "done", "failed"):
                 record[counter] = mine[counter]  # only this rank writes them
             self.records[self.local_rank] = record
-        self._publish(self._ready, call)
-        self._win.Sync()  # written before this rank reads the others': see `_leave`
-        self._wait_all(self._ready, call, "join")
+        self.publish(READY, call)
+        self.fence()  # written before this rank reads the others': see `_leave`
+        self.wait_all(READY, call, self.wait_s, FAILED)
         mapped = state.peers
         step = "planning its part (mapping its peers' buffers)"
         try:
@@ -229,23 +227,18 @@ class NodeIpc:
                         device.synchronize_stream(state.stream)  # the results are in place before `done` says so
         except Exception as error:
             self._leave(call, self._failure(call, step, error))
-        self._publish(self._done, call)
-        self._wait_all(self._done, call, "finish")
+        self.publish(DONE, call)
+        self.wait_all(DONE, call, self.wait_s, FAILED)
 
-    def _publish(self, column, call):
-        self._win.Sync()  # what was written before the counter is visible before it
-        column[self.local_rank] = call
+    def missed(self, word, call):
+        """Leave call `call`, whose wait for every local rank to reach it in counter `word` ended without: a
+        rank left it, or half the stall limit passed."""
+        failed = self._failed.max() >= call
+        self._leave(call, None if failed else self._late(word, call))
 
-    def _wait_all(self, column, call, what):
-        """Wait until every local rank has reached `call` in `column`; leave the call if one leaves it (or
-        after half the stall limit)."""
-        if not wait_for_column(column, call, self.wait_s, self._failed):
-            failed = self._failed.max() >= call
-            self._leave(call, None if failed else self._late(column, call, what))
-        self._win.Sync()  # and what was written before the counters is visible after them
-
-    def _late(self, column, call, what):
+    def _late(self, word, call):
         # Read before `failed`: a rank that has left lowers its `ready` only after raising `failed`.
+        column, what = self.columns[word], "join" if word == READY else "finish"
         late = [rank for rank in range(self.local_size) if column[rank] < call and self._failed[rank] < call]
         advice = ("every rank of a node must pass device buffers to a call when one does (or set "
                   "SCAFFE_DEVICE_PATH=staged)" if what == "join" else "a kernel or a process is stuck")
@@ -266,11 +259,10 @@ class NodeIpc:
         else:
             failure = failure.encode()[:_ERROR_BYTES].decode(errors="ignore")  # what the record can hold
             self.records[me]["error"], self.records[me]["error_call"] = failure.encode(), call
-        self._win.Sync()  # the error is visible before `failed` says there is one
-        self._failed[me] = call
+        self.publish(FAILED, call)  # the error is visible before `failed` says there is one
         if self._ready[me] >= call:  # withdrawn: a rank still waiting for it can no longer start the call
-            self._ready[me] = call - 1  # (after `failed`: no rank takes this one for a late one, see `_late`)
-        self._win.Sync()  # written before this rank reads which ranks may have started the call
+            self.set_field(READY, call - 1)  # (after `failed`: no rank takes this one for a late one, see `_late`)
+        self.fence()  # written before this rank reads which ranks may have started the call
         self._unfinished = call
         wait_until(lambda: not self._in_call(call, started_only=True), self.wait_s)
         raise CollectiveError(failure)

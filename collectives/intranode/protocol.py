@@ -1,8 +1,9 @@
 """The node protocol both step loops speak: the control block's slots, the cells, and the vector's layout.
 
-Every local rank has a row of int64 slots in one control block: counters that hold `seq << 32 | progress`
-(`seq` counts node collectives, so a stale value from an earlier call never satisfies a wait in a later
-one) and the facts about its buffers that peers read once it has published COPIED = seq << 32.
+Every local rank has a row of int64 slots in one control block (a CounterBlock, counters.py): counters
+that hold `seq << 32 | progress` (`seq` counts node collectives, so a stale value from an earlier call
+never satisfies a wait in a later one) and the facts about its buffers that peers read once it has
+published COPIED = seq << 32.
 
 Local rank j owns one contiguous range of the vector (`range_start`), cut in chunks of one cell; group g
 is chunk g of every range, and for group g:

@@ -13,8 +13,9 @@ from mpi4py import MPI
 
 from collectives import ops, settings
 from collectives.intranode import compiled, interpreted
+from collectives.intranode.counters import CounterBlock
 from collectives.intranode.protocol import DESCRIPTION, DEPTH, LINE, NOT_SHARED, RESULT_CELLS, Slot, range_start
-from collectives.intranode.wait import COMPILED_SPINS, NAP_US, YIELDS, wait_until
+from collectives.intranode.wait import COMPILED_SPINS, NAP_US, YIELDS
 
 _SHIFT = 32  # counters hold seq << _SHIFT | progress
 
@@ -31,24 +32,13 @@ def _chunk(nbytes):
     return max(LINE, nbytes // LINE * LINE)
 
 
-class SharedWindows:
-    """The control block, each rank's input and result cells, and the windows made by `alloc`."""
+class SharedWindows(CounterBlock):
+    """The control block (a row of Slot words per local rank), each rank's input and result cells, and the
+    windows made by `alloc`."""
 
     def __init__(self, node_comm):
+        super().__init__(node_comm, numpy.dtype((numpy.int64, (Slot.PER_RANK,))))
         self.node_comm = node_comm
-        self.local_rank = node_comm.Get_rank()
-        self.local_size = node_comm.Get_size()
-        # One block on local rank 0 holds every rank's slots, so a wait reads one column.
-        ctrl_bytes = Slot.PER_RANK * 8 * self.local_size if self.local_rank == 0 else 0
-        self._ctrl_win = MPI.Win.Allocate_shared(ctrl_bytes, 8, comm=node_comm)
-        self._ctrl_win.Lock_all()
-        mem, _ = self._ctrl_win.Shared_query(0)
-        # Row k holds local rank k's slots, read and written through a flat memoryview: plain Python
-        # ints, at half the cost of numpy scalar indexing and comparison.
-        self.flags = memoryview(mem).cast("B").cast("q")[:Slot.PER_RANK * self.local_size]
-        self._mine = Slot.PER_RANK * self.local_rank
-        for slot in range(Slot.PER_RANK):
-            self.set_field(slot, 0)
         self.compiled_calls = 0  # node calls this rank ran on the compiled loop (what tests look for)
         self.compiled_chunk_bytes = _chunk(settings.shm_chunk_bytes(self.local_size, compiled=True))
         # The cells hold the larger chunk: the interpreted loop's and the broadcast's, by default.
@@ -67,7 +57,7 @@ class SharedWindows:
         self.input_ring_addresses = numpy.array([_address(r) for r in self.input_rings], dtype=numpy.int64)
         self.result_ring_addresses = numpy.array([_address(r) for r in self.result_rings], dtype=numpy.int64)
         described = dict(
-            control=MPI.buffer(mem).address, slots_per_rank=Slot.PER_RANK, copied=Slot.COPIED,
+            control=self.address, slots_per_rank=self.row_words, copied=Slot.COPIED,
             reduced=Slot.REDUCED, drained=Slot.DRAINED, send_line_off=Slot.SEND_LINE_OFF,
             recv_line_off=Slot.RECV_LINE_OFF, send_win=Slot.SEND_WIN, send_off=Slot.SEND_OFF,
             local_rank=self.local_rank, local_size=self.local_size, cell_stride=self._stride, depth=DEPTH,
@@ -119,37 +109,10 @@ class SharedWindows:
         start = index * self._stride + shift
         return ring[start:start + count * dtype.itemsize].view(dtype)
 
-    # -- synchronisation ----------------------------------------------------------------------------
-    def field(self, rank, slot):
-        return self.flags[Slot.PER_RANK * rank + slot]
-
-    def set_field(self, slot, value):
-        """Set one of my slots that peers read only after a later publish."""
-        self.flags[self._mine + slot] = value
-
-    def publish(self, slot, value):
-        """Set one of my counters, once the data written before it is visible."""
-        self._ctrl_win.Sync()
-        self.flags[self._mine + slot] = value
-
-    def acquire(self):
-        """Make what peers wrote before the counters seen since visible here."""
-        self._ctrl_win.Sync()
-
-    def reached(self, ranks, slot, value):
-        flags = self.flags
-        for k in ranks:
-            if flags[Slot.PER_RANK * k + slot] < value:
-                return False
-        return True
-
-    def wait_all(self, ranks, slot, value):
-        wait_until(lambda: self.reached(ranks, slot, value))
-        self._ctrl_win.Sync()
-
+    # -- synchronisation (the counters' own protocol is CounterBlock's) ------------------------------
     def begin(self):
         """Start a node collective: wait until every local rank is done with the previous one."""
-        self.wait_all(range(self.local_size), Slot.FINISHED, self.seq)
+        self.wait_all(Slot.FINISHED, self.seq)
         self.seq += 1
         return self.seq << _SHIFT
 
@@ -230,7 +193,7 @@ class SharedWindows:
             nonlocal sent
             while sent < chunks and min(n, (sent + 1) * per_cell) <= count:
                 if sent >= RESULT_CELLS:
-                    self.wait_all(readers, Slot.DRAINED, base | (sent - RESULT_CELLS + 1))
+                    self.wait_ranks(readers, Slot.DRAINED, base | (sent - RESULT_CELLS + 1))
                 lo, hi = sent * per_cell, min(n, (sent + 1) * per_cell)
                 self.cell(ring, sent % RESULT_CELLS, buf.dtype, hi - lo, shift)[:] = buf[lo:hi]
                 sent += 1
@@ -245,7 +208,7 @@ class SharedWindows:
         chunks = -(-n // per_cell)
         done = 0
         while done < chunks:
-            self.wait_all([source], Slot.COPIED, base | (done + 1))
+            self.wait_ranks([source], Slot.COPIED, base | (done + 1))
             shift = self.field(source, Slot.SEND_LINE_OFF)
             available = self.field(source, Slot.COPIED) - base
             while done < available:
@@ -259,5 +222,4 @@ class SharedWindows:
             win.Free()
         self._alloc_wins = []
         self._cells_win.Free()
-        self._ctrl_win.Unlock_all()
-        self._ctrl_win.Free()
+        super().free()

@@ -6,10 +6,9 @@ gives BGR), so mean values and models trained by Caffe apply unchanged. Arrays a
 import io as _io
 
 import numpy
-from google.protobuf.message import DecodeError
 
 from scaffe.data.resize import resize_linear
-from scaffe.io import CaffeFormatError
+from scaffe.messages import parse_datum
 from scaffe.proto import caffe_pb2
 
 __all__ = ["parse_datum", "datum_to_array", "array_to_datum", "decode_image", "encode_image",
@@ -22,19 +21,6 @@ def require_pillow(what="decoding encoded images"):
     except ImportError:
         raise RuntimeError(f"{what} needs Pillow, which is not installed: pip install Pillow") from None
     return Image
-
-
-def parse_datum(value):
-    """A Datum from the bytes stored in the database (or the Datum itself). Bytes that are no Datum raise
-    CaffeFormatError; the caller names the database and the record."""
-    if isinstance(value, caffe_pb2.Datum):
-        return value
-    datum = caffe_pb2.Datum()
-    try:
-        datum.ParseFromString(bytes(value))
-    except DecodeError as e:
-        raise CaffeFormatError(f"not a Caffe Datum ({' '.join(str(e).split())})") from None
-    return datum
 
 
 def _pil_to_array(img, color):

@@ -1,5 +1,7 @@
 """Solvers by Caffe type name (SGD, Nesterov, AdaGrad, RMSProp, AdaDelta, Adam) and `create_solver`."""
 from scaffe.registry import Registry
+from scaffe.solvers.lr_policy import learning_rate
+from scaffe.solvers.solver import Solver, SolverError, load_weights, read_solver_file, seed_random
 
 _SOLVERS = Registry("solver", __name__, lambda: ("sgd", "nesterov", "adagrad", "rmsprop", "adadelta", "adam"))
 register = _SOLVERS.register
@@ -9,7 +11,6 @@ known_types = _SOLVERS.known_types
 def solver_class(type_name):
     cls = _SOLVERS.lookup(type_name)
     if cls is None:
-        from scaffe.solvers.solver import SolverError
         raise SolverError(f"unknown solver type {type_name!r}; known types: {', '.join(known_types())}")
     return cls
 
@@ -19,8 +20,10 @@ def create_solver(param, **kwargs):
     return solver_class(param.type)(param, **kwargs)
 
 
-from scaffe.solvers.solver import Solver, SolverError, load_weights, read_solver_file, seed_random  # noqa: E402
-from scaffe.solvers.lr_policy import learning_rate  # noqa: E402
+def solver_from_file(path, **kwargs):
+    """The solver described by prototxt `path`, with Caffe's snapshot_prefix defaults applied."""
+    return create_solver(read_solver_file(path), source=path, **kwargs)
 
-__all__ = ["Solver", "SolverError", "create_solver", "known_types", "solver_class", "register",
+
+__all__ = ["Solver", "SolverError", "create_solver", "solver_from_file", "known_types", "solver_class", "register",
            "learning_rate", "load_weights", "read_solver_file", "seed_random"]

@@ -29,7 +29,7 @@ class SolverError(RuntimeError):
 
 
 class Solver:
-    """Base of all solvers. Build with `create_solver(param)` or `Solver.from_file(path)`.
+    """Base of all solvers. Build with `create_solver(param)` or `solver_from_file(path)` (scaffe.solvers).
 
     Hooks for a distributed trainer and for loggers, like Caffe's Solver::Callback: `callbacks`
     holds `SolverCallback`s (scaffe.solvers.callbacks), called in their order.
@@ -84,13 +84,6 @@ class Solver:
         self.test_nets = list(test_nets) if test_nets is not None else self._init_test_nets()
         if root_solver:
             log.info("Solver scaffolding done.")
-
-    @classmethod
-    def from_file(cls, path, **kwargs):
-        """The solver described by prototxt `path`, with Caffe's snapshot_prefix defaults applied."""
-        from scaffe.solvers import create_solver
-        param = read_solver_file(path)
-        return create_solver(param, source=path, **kwargs)
 
     def _where(self):
         return f"{self.source}: " if self.source else ""

@@ -290,3 +290,26 @@ def test_peer_memory_closes_the_peers_mappings_when_cuda_still_refuses():
     device.refusals = 2
     with pytest.raises(RuntimeError, match="AlreadyMapped"):
         peers.view(*_export(owner, kept[1]), 4, numpy.int64)  # refused twice: the error is CUDA's
+
+
+def test_the_registration_cache_closes_when_the_last_communicator_using_it_is_freed():
+    from mpi4py import MPI
+    owner, device = cpu_device.CpuDevice(seed=13), cpu_device.CpuDevice(seed=14)
+    first, second = ipc.NodeIpc(MPI.COMM_SELF), ipc.NodeIpc(MPI.COMM_SELF)
+    cache = first.state(device).peers
+    assert second.state(device).peers is cache and cache.users == 2
+    bufs = [owner.array((4,), numpy.int64) for _ in range(2)]
+    with cache.lock:
+        for buf in bufs:
+            cache.view(*_export(owner, buf), 4, numpy.int64)
+    assert len(device._mapped) == 2
+    first.free()
+    assert (cache.closes, len(device._mapped)) == (0, 2)  # the second communicator may still read them
+    second.free()
+    assert (cache.users, cache.closes, len(device._mapped)) == (0, 2, 0)
+    third = ipc.NodeIpc(MPI.COMM_SELF)  # a later communicator maps what it needs again
+    with third.state(device).peers.lock:
+        cache.view(*_export(owner, bufs[0]), 4, numpy.int64)
+    assert (cache.users, cache.opens, len(device._mapped)) == (1, 3, 1)
+    third.free()
+    assert len(device._mapped) == 0

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from scaffe.solvers import Solver
+from scaffe.solvers import solver_from_file
 from training_job import Job, write_tiny_solver
 
 GLOG_PREFIX = re.compile(r"^[IWEF]\d{8} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] ")
@@ -28,7 +28,7 @@ def run(ranks, args, env=None):
 def trained(tmp_path_factory):
     """Weights of the tiny net after a short single-process training, and its net file."""
     folder = tmp_path_factory.mktemp("trained")
-    solver = Solver.from_file(write_tiny_solver(folder, max_iter=30))
+    solver = solver_from_file(write_tiny_solver(folder, max_iter=30))
     solver.solve()
     solver.close()
     return folder / "tiny_iter_30.caffemodel", folder / "tiny_16.prototxt"
