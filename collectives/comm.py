@@ -75,6 +75,10 @@ class Comm(MPI.Intracomm):
         self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
+        # Where the table picks a host algorithm, it is timed against native MPI first (plans.Trial), unless
+        # the user forced one.
+        self.measured = self.forced is None and settings.choice() == "measured"
+        self.trials = {}  # (kind, op handle, dtype, size) -> its Trial
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         index = next(_set_ups)
         self.signature_check = Name("Signature check", index)

@@ -21,8 +21,8 @@ from collectives.device import Staging, synchronize
 from collectives.errors import CollectiveError, MismatchError
 from collectives.events import reported
 from collectives.ops import computes, native_reduces, op_name, supports
-from collectives.plans import (AlgorithmPlan, DevicePlan, NativePlan, Stale, StagedNativePlan, WorkPlan, _fits,
-                               native_args)
+from collectives.plans import (AlgorithmPlan, DevicePlan, NativePlan, Stale, StagedNativePlan, Trial, WorkPlan,
+                               call_args, fitting_recv)
 
 # Plans a lane keeps at most: a program passing new arrays at every call would otherwise grow it forever.
 _KEPT = 64
@@ -115,7 +115,7 @@ def _quick(comm, lane, buf, recvbuf, op, root):
     if kind == "bcast":
         fits = lane.rank == root or buf.flags.writeable
     else:
-        fits = kind == "reduce" and lane.rank != root or _fits(buf, recvbuf)
+        fits = kind == "reduce" and lane.rank != root or fitting_recv(buf, recvbuf)
     if not fits:
         return None
     if buf.nbytes < lane.native_below and (None if op is None else op.py2f()) in lane.native_pairs.get(buf.dtype.num, ()):
@@ -161,7 +161,12 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
         return NativePlan(lane, buf, recvbuf, op, root, call.nbytes)
     if call.op is not None:
         lane.computed_pairs[(call.op.py2f(), call.dtype)] = call.op_name
-    plan = AlgorithmPlan(lane, buf, recvbuf, op, root, call.nbytes, algorithms.get(name, call.kind), call.op_name, None)
+    trial = None
+    if comm.measured:
+        trial = comm.trials.setdefault((call.kind, call.op.py2f() if call.op is not None else None, call.dtype,
+                                        call.nbytes), Trial())
+    plan = AlgorithmPlan(lane, buf, recvbuf, op, root, call.nbytes, algorithms.get(name, call.kind), call.op_name,
+                         trial)
     # Plain C-ordered ndarrays are viewed inline; any other buffer argument is parsed again at every call.
     plain = (type(buf) is numpy.ndarray and buf.flags.c_contiguous and lane.kind != "bcast"
              and (call.recv is None or type(recvbuf) is numpy.ndarray and recvbuf.flags.c_contiguous))
@@ -172,17 +177,9 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
 def _staged_plan(comm, lane, call):
     name = _choose(comm, call)
     if name == "native":
-        return StagedNativePlan(lane, call.nbytes, call.staging, _host_args(call))
+        return StagedNativePlan(lane, call.nbytes, call.staging, call_args(call))
     algorithm = algorithms.get(name, call.kind)
     return WorkPlan(lane, call.nbytes, call.staging.wrap(lambda: algorithm(comm, call)))
-
-
-def _host_args(call):
-    """The wrapped MPI method's arguments for `call` on the host stand-ins of its device buffers."""
-    if call.kind == "bcast":
-        return call.recv, call.root
-    send = MPI.IN_PLACE if call.send is call.recv else call.send
-    return native_args(call.kind, send, call.recv, call.op, call.root)
 
 
 def _parsed_views(comm, kind, buf, recvbuf, root):

@@ -11,6 +11,8 @@ What a signature cannot see (an array made read-only or non-contiguous in place)
 plan `Stale` before any message moves, and the lane then builds the call's plan again through the full
 validation, which says what changed.
 """
+import mmap
+import time
 import weakref
 
 import numpy
@@ -25,6 +27,9 @@ from collectives.events import listeners, reported, with_label
 _REJECTED = (BufferError, ValueError)
 
 
+_BYTE_SIZED = frozenset((bytes, bytearray, mmap.mmap))
+
+
 class Stale(Exception):
     """A repeated plan no longer fits its call's buffers (`error`: what mpi4py said, if it said it)."""
 
@@ -36,15 +41,19 @@ class Stale(Exception):
 def signature(obj):
     """What a plan's path depends on in a buffer argument, cheap to compute and compare: its type, element
     format and size (a spec's: its buffer's, the buffer's identity and the spec's other items). An object
-    of unknown kind gets a value equal to nothing: its plan is never found again."""
+    of unknown kind, or one that can no longer be read (a closed mmap), gets a value equal to nothing."""
     kind = type(obj)
-    if kind is numpy.ndarray:
-        return kind, obj.dtype, obj.nbytes
-    if kind is list or kind is tuple:
-        return (kind, id(obj[0]), signature(obj[0]), *obj[1:]) if obj else (kind,)
-    if obj is None or obj is MPI.IN_PLACE:
-        return kind
     try:
+        if kind is numpy.ndarray:
+            return kind, obj.dtype, obj.nbytes
+        if kind is list or kind is tuple:
+            return (kind, id(obj[0]), signature(obj[0]), *obj[1:]) if obj else (kind,)
+        if kind in _BYTE_SIZED:  # their length is their size; a buffer export would cost microseconds
+            return kind, len(obj)
+        if kind is memoryview:
+            return kind, obj.format, obj.nbytes
+        if obj is None or obj is MPI.IN_PLACE:
+            return kind
         with memoryview(obj) as view:
             return kind, view.format, view.nbytes
     except (TypeError, ValueError):
@@ -80,7 +89,7 @@ def _flat(array):
     return array if array.ndim == 1 else array.reshape(-1)
 
 
-def _fits(sendbuf, recvbuf):
+def fitting_recv(sendbuf, recvbuf):
     """Whether `recvbuf` is a plain, contiguous, writable ndarray of sendbuf's dtype and size."""
     if (type(recvbuf) is not numpy.ndarray or recvbuf.nbytes != sendbuf.nbytes
             or recvbuf.dtype is not sendbuf.dtype and recvbuf.dtype != sendbuf.dtype):
@@ -155,22 +164,24 @@ class NativePlan(Plan):
 class AlgorithmPlan(Plan):
     """One of our host algorithms (`algorithm(comm, call)`) on flat views of the call's buffers, taken
     anew at every call: a plan keeps no buffer alive and no memory exported (an mmap it held a view of
-    could not be closed)."""
+    could not be closed). With a `trial`, the first calls of its size also time native MPI against it."""
 
-    __slots__ = ("algorithm", "op_name", "views")
+    __slots__ = ("algorithm", "op_name", "views", "trial")
 
-    def __init__(self, lane, buf, recvbuf, op, root, nbytes, algorithm, op_name, views):
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes, algorithm, op_name, trial):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
-        self.algorithm, self.op_name = algorithm, op_name
-        self.views = views  # (buf, recvbuf) -> (send, recv) flat views, raising Stale when they no longer fit
+        self.algorithm, self.op_name, self.trial = algorithm, op_name, trial
+        self.views = None  # (buf, recvbuf) -> (send, recv) flat views, raising Stale when they no longer fit
 
     def run(self, comm, buf, recvbuf, op, root, stream):
         send, recv = self.views(buf, recvbuf)
         if stream is not None:
             synchronize(stream)
         call = Call(self.lane.kind, send, recv, op, self.op_name, root)
-        algorithm = self.algorithm
-        return launch(comm, self.lane, lambda: algorithm(comm, call), call.nbytes)
+        algorithm, trial = self.algorithm, self.trial
+        if trial is None or trial.native is False:
+            return launch(comm, self.lane, lambda: algorithm(comm, call), call.nbytes)
+        return launch(comm, self.lane, lambda: trial.run(comm, algorithm, call), call.nbytes)
 
     def plain_views(self, buf, recvbuf):
         """Views of a plain contiguous ndarray send buffer and, where this rank receives, a receive buffer
@@ -179,10 +190,61 @@ class AlgorithmPlan(Plan):
             raise Stale()
         lane = self.lane
         if lane.kind == "allreduce" or lane.rank == self.root:
-            if not _fits(buf, recvbuf):
+            if not fitting_recv(buf, recvbuf):
                 raise Stale()
             return _flat(buf), _flat(recvbuf)
         return _flat(buf), None
+
+
+class Trial:
+    """Our algorithm against the wrapped MPI on the first calls of one (kind, op, dtype, size) of a
+    communicator (SCAFFE_CHOICE=measured): they alternate, one untimed call each and then ROUNDS timed
+    calls each, then one small allreduce of the times makes every rank keep the same, faster one
+    (`native`: None until then).
+
+    A trial belongs to the signature's contents, not to a plan: ranks find plans by ids, which differ
+    between them, but make the same calls in the same order. It runs in call order (in the thread that
+    runs the communicator's calls), so every rank counts the same calls, and the native twin runs
+    blocking on the communicator's private duplicate, like the algorithm's own messages.
+    """
+
+    ROUNDS = 3
+    __slots__ = ("calls", "seconds", "native")
+
+    def __init__(self):
+        self.calls, self.seconds, self.native = 0, numpy.zeros(2), None
+
+    def run(self, comm, algorithm, call):
+        if self.native is not None:
+            return _native_twin(comm, call) if self.native else algorithm(comm, call)
+        road = self.calls % 2
+        start = time.perf_counter()
+        if road:
+            _native_twin(comm, call)
+        else:
+            algorithm(comm, call)
+        if self.calls >= 2:  # each road's first call warms it up (our node loop compiles): not timed
+            self.seconds[road] += time.perf_counter() - start
+        self.calls += 1
+        if self.calls == 2 + 2 * self.ROUNDS:
+            comm.private.Allreduce(MPI.IN_PLACE, self.seconds, MPI.SUM)
+            self.native = bool(self.seconds[1] < self.seconds[0])
+
+
+_BLOCKING = {"reduce": MPI.Intracomm.Reduce, "allreduce": MPI.Intracomm.Allreduce, "bcast": MPI.Intracomm.Bcast}
+
+
+def _native_twin(comm, call):
+    """The wrapped MPI's blocking call on a validated call's flat views, on the private duplicate."""
+    return _BLOCKING[call.kind](comm.private, *call_args(call))
+
+
+def call_args(call):
+    """The wrapped MPI method's arguments for a validated Call's flat views (or host stand-ins)."""
+    if call.kind == "bcast":
+        return call.recv, call.root
+    send = MPI.IN_PLACE if call.send is call.recv else call.send
+    return native_args(call.kind, send, call.recv, call.op, call.root)
 
 
 class DevicePlan(Plan):

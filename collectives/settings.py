@@ -6,6 +6,11 @@ variable                type                default               meaning (funct
 SCAFFE_REDUCE_ALGO      native, tree,       the table in          one algorithm for every message size (reduce_algo)
                         chain or            collectives.
                         hierarchical        algorithms
+SCAFFE_CHOICE           measured or table   measured              where the table picks a host algorithm, time it
+                                                                  against native MPI on the first calls of each
+                                                                  size and keep the faster (measured), or keep
+                                                                  the table's pick, which makes results bitwise
+                                                                  reproducible from run to run (choice)
 SCAFFE_CHUNK_BYTES      positive int        1 MiB                 the inter-node pipelines' chunk (chunk_bytes)
 SCAFFE_SHM_CHUNK_BYTES  positive int        256 KiB / local       the part of the vector that one step of a node
                                             ranks (compiled       loop moves through a shared-memory cell; the
@@ -51,6 +56,11 @@ def reduce_algo(known):
     if name and name not in known:
         raise ValueError(f"SCAFFE_REDUCE_ALGO={name!r} is not one of {', '.join(sorted(known))}")
     return name or None
+
+
+def choice():
+    """SCAFFE_CHOICE: "measured" (the default) or "table"."""
+    return _read("SCAFFE_CHOICE", "measured", str.lower, lambda v: v in ("measured", "table"), "measured or table")
 
 
 def chunk_bytes():

@@ -17,6 +17,10 @@ def _has_cuda_device():
     return cupy_or_none() is not None
 
 
+# Training tests compare weights between runs and rank counts: the table's picks, not the measured ones
+# (collectives.plans.Trial), which tests/collectives/test_plans.py checks.
+os.environ.setdefault("SCAFFE_CHOICE", "table")
+
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _has_cuda_device():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 

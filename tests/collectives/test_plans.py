@@ -1,0 +1,35 @@
+"""The one road's plans: what a signature sees of each kind of buffer argument, and the measured choice
+between our algorithm and native MPI (SCAFFE_CHOICE=measured), which every rank must make alike."""
+import array
+import mmap
+
+import numpy
+import pytest
+from mpi4py import MPI
+
+from collectives.plans import signature
+from mpi_harness import run_ok
+
+
+def test_a_signature_sees_type_dtype_size_and_a_specs_items():
+    a = numpy.zeros(4, numpy.float32)
+    assert signature(a) == signature(numpy.ones(4, numpy.float32))
+    assert signature(a) != signature(numpy.zeros(4, numpy.int32)) != signature(numpy.zeros(5, numpy.float32))
+    memory = mmap.mmap(-1, 8)
+    spec = [memory, 4, MPI.BYTE]
+    assert signature(spec) == signature([memory, 4, MPI.BYTE])
+    assert signature(spec) != signature([memory, 8, MPI.BYTE])  # another count
+    assert signature(spec) != signature([mmap.mmap(-1, 8), 4, MPI.BYTE])  # another buffer
+    grown = bytearray(4)
+    before = signature(grown)
+    grown.extend(b"1234")
+    assert signature(grown) != before  # resized in place
+    assert signature(memoryview(a)) == (memoryview, "f", 16)
+    assert signature(array.array("d", [1.0])) == (array.array, "d", 8)
+    memory.close()
+    assert signature(memory) != signature(memory)  # closed: equal to nothing, never found again
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_the_measured_choice_keeps_the_faster_road_on_every_rank(ranks):
+    run_ok(ranks, "measured_choice.py", env={"SCAFFE_CHOICE": "measured", "SCAFFE_RANKS_PER_NODE": 2}, timeout=120)
