@@ -321,18 +321,23 @@ layer { name: "loss" type: "HingeLoss" bottom: "fc" bottom: "label" top: "loss" 
 """
 
 
-def test_a_bad_label_in_a_replayed_iteration_is_reported_at_the_next_fetch(nvmath_stand_in, monkeypatch):
-    """The labels' check stays on the device (DeferredLabelCheck) and a graph adds to it in place: a label out of
-    range two replays before the step's fetch is still the error the fetch raises."""
+def hinge_solver(cupy):
+    """An SGD solver of HINGE_NET on cupy, capturing (SCAFFE_CAPTURE=1 is the caller's)."""
     from scaffe import io as sio
     from scaffe.proto import caffe_pb2
-    from scaffe.solvers.callbacks import SolverCallback
-    cupy = __import__("cupy")
-    monkeypatch.setenv("SCAFFE_CAPTURE", "1")
     param = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0,
                                       snapshot_after_train=False)
     param.net_param.CopyFrom(sio.parse_net_text(HINGE_NET))
-    solver = create_solver(param, net_kwargs={"xp": cupy})
+    return create_solver(param, net_kwargs={"xp": cupy})
+
+
+def test_a_bad_label_in_a_replayed_iteration_is_reported_at_the_next_fetch(nvmath_stand_in, monkeypatch):
+    """The labels' check stays on the device (DeferredLabelCheck) and a graph adds to it in place: a label out of
+    range two replays before the step's fetch is still the error the fetch raises."""
+    from scaffe.solvers.callbacks import SolverCallback
+    cupy = __import__("cupy")
+    monkeypatch.setenv("SCAFFE_CAPTURE", "1")
+    solver = hinge_solver(cupy)
     data, label = solver.net.blobs["data"], solver.net.blobs["label"]
     data.data[...] = cupy.asarray(numpy.random.default_rng(0).standard_normal((4, 6)).astype(numpy.float32))
     batches = {}  # iteration -> its labels, fed by a callback (it runs at every replay, between the graphs)
@@ -351,15 +356,10 @@ def test_a_bad_label_in_a_replayed_iteration_is_reported_at_the_next_fetch(nvmat
 def test_net_callbacks_added_after_the_capture_run_at_every_replay(nvmath_stand_in, monkeypatch, caplog):
     """pycaffe's after_forward and before_backward callbacks, added once an iteration is captured, make it
     capture again with them, and then run between the graphs at every replayed iteration."""
-    from scaffe import io as sio
     from scaffe.pycaffe import Net
-    from scaffe.proto import caffe_pb2
     cupy = __import__("cupy")
     monkeypatch.setenv("SCAFFE_CAPTURE", "1")
-    param = caffe_pb2.SolverParameter(base_lr=0.01, lr_policy="fixed", max_iter=100, display=0,
-                                      snapshot_after_train=False)
-    param.net_param.CopyFrom(sio.parse_net_text(HINGE_NET))
-    solver = create_solver(param, net_kwargs={"xp": cupy})
+    solver = hinge_solver(cupy)
     solver.net.blobs["data"].data[...] = cupy.asarray(numpy.random.default_rng(0).standard_normal((4, 6)),
                                                       numpy.float32)
     solver.net.blobs["label"].data[...] = cupy.asarray([0, 1, 2, 1], numpy.float32)
