@@ -213,7 +213,7 @@ def _solver_param(args):
     if not args.solver:
         raise CliError("need a solver definition to train: --solver=solver.prototxt")
     if sum(map(bool, (args.snapshot, args.weights, args.resume_commit))) > 1:
-        raise CliError("give one of --snapshot or --resume-commit to resume training, or --weights to finetune")
+        raise CliError("give --snapshot or --resume-commit to resume training, or --weights to finetune, not both")
     param = read_solver_file(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(_stages(args))
