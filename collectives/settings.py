@@ -43,8 +43,8 @@ SCAFFE_DEVICE_PATH      direct or staged    direct                device buffers
 scaffe's logging settings (glog's GLOG_minloglevel, GLOG_logtostderr, GLOG_log_dir) are read by scaffe.log,
 SCAFFE_PIECE_BYTES and SCAFFE_MESSAGE_BYTES by scaffe.parallel.pieces, SCAFFE_BACKWARD_BYTES by
 scaffe.parallel.deferral, SCAFFE_CAPTURE by scaffe.capture, SCAFFE_LMDB_PARTIAL by scaffe.data.lmdb_reader
-(through `switch`); MVAPICH2-GDR's MV2_USE_CUDA is read here too (mvapich_cuda), as a sign of a CUDA-aware
-MPI library.
+(through `switch`), SCAFFE_COMMIT_ITERS, SCAFFE_COMMIT_DIR and SCAFFE_JOB_ID by scaffe.elastic.settings;
+MVAPICH2-GDR's MV2_USE_CUDA is read here too (mvapich_cuda), as a sign of a CUDA-aware MPI library.
 """
 import math
 import os

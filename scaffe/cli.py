@@ -18,6 +18,7 @@ import typing
 
 import numpy
 
+from scaffe.elastic.growth import EXIT_GROW, GrowRequested
 from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags
 from scaffe.solvers.callbacks import SolverCallback
 
@@ -211,14 +212,14 @@ def _solver_param(args):
     from scaffe.solvers import read_solver_file
     if not args.solver:
         raise CliError("need a solver definition to train: --solver=solver.prototxt")
-    if args.snapshot and args.weights:
-        raise CliError("give --snapshot to resume training or --weights to finetune, not both")
+    if sum(map(bool, (args.snapshot, args.weights, args.resume_commit))) > 1:
+        raise CliError("give --snapshot or --resume-commit to resume training, or --weights to finetune, not both")
     param = read_solver_file(args.solver)
     param.train_state.level = args.level
     param.train_state.stage.extend(_stages(args))
     if args.iterations is not None:
         param.max_iter = args.iterations
-    if args.snapshot or args.weights:  # they replace the solver's weights
+    if args.snapshot or args.weights or args.resume_commit:  # they replace the solver's weights
         del param.weights[:]
         param.weights.extend([args.weights] if args.weights else [])
     return param
@@ -228,6 +229,8 @@ def _solver_param(args):
     flag("--solver", default="", help="the solver definition (.prototxt)"),
     flag("--weights", default="", help="comma-separated .caffemodel files to finetune from"),
     flag("--snapshot", default="", help="a .solverstate to resume from"),
+    flag("--resume-commit", dest="resume_commit", default="",
+         help="a commit directory (scaffe commits) to resume from, at any rank count (scaffe.elastic)"),
     flag("--iterations", type=int, default=None, help="override the solver's max_iter"),
     flag("--log_csv", default="", help="write per-iteration loss, lr, images/s and test scores here"),
     flag("--sigint_effect", default="stop",
@@ -243,35 +246,26 @@ def _solver_param(args):
          help="model the compute instead of running it: k80, v100, h100 or a `caffe time` log "
               "(also SCAFFE_COMPUTE_PROFILE; scaffe.modelled)")))
 def _train(args):
-    from scaffe.parallel.launch import launcher_local_rank, node_local_rank, quiet_non_root, world
+    from scaffe.parallel.launch import quiet_non_root, world
     from scaffe.solvers.signals import SignalHandler, keep_sighup_from_ucx
-    from scaffe.solvers.solver import test_output_keys
     param = _solver_param(args)
     keep_sighup_from_ucx()  # before MPI starts (world() below)
     from scaffe.modelled.solver import compute_profile_setting
     profile = compute_profile_setting(args.compute_profile)  # a modelled run uses no device
-    # The GPU is picked before MPI starts (CUDA-aware MPIs want that) where the launcher gives the local
-    # rank; a launcher that does not is asked through MPI's node split.
-    local_rank = launcher_local_rank()
-    if local_rank is None:
-        local_rank = node_local_rank(world()[0])
-    xp = None if profile else _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU,
-                                             param.device_id, local_rank)
+    xp = None if profile else _training_device(args, param)
     handler = SignalHandler(args.sigint_effect, args.sighup_effect)
-    csv_log = solver = timeline = report = None
+    csv_log = solver = timeline = report = committer = None
     comm, rank, size = world()
     quiet_non_root(rank)
+    finished = False  # whether the commits still being written are waited for
     try:
-        solver, report = _training_solver(args, param, profile, xp, comm)
+        solver, report, committer = _training_solver(args, param, profile, xp, comm)
         if args.timeline:
             from scaffe.timeline import Timeline
             timeline = Timeline(solver, comm)
             timeline.start()
         solver.action_function = handler.action
-        if args.log_csv and rank == 0:  # the root records for everyone
-            columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
-            csv_log = CsvLog(args.log_csv, columns)
-            solver.callbacks.append(csv_log)
+        csv_log = _csv_log(args.log_csv, solver) if rank == 0 else None  # the root records for everyone
         if args.snapshot:
             log.info("Resuming from %s", args.snapshot)
             solver.restore(args.snapshot)
@@ -282,34 +276,70 @@ def _train(args):
         log.info("Optimization Done.")  # caffe.cpp prints it again after Solver::Solve
         if timeline is not None:
             timeline.finish(args.timeline)
+        finished = True
+    except GrowRequested:
+        finished = True
+        return EXIT_GROW
     finally:
         if timeline is not None:
             timeline.stop()
         handler.restore()
+        if committer is not None:
+            committer.close(wait=finished)
         for resource in (csv_log, solver):
             if resource is not None:
                 resource.close()
     return 0
 
 
+def _csv_log(path, solver):
+    """The --log_csv recorder of `solver`, added to its callbacks; None without the flag."""
+    from scaffe.solvers.solver import test_output_keys
+    if not path:
+        return None
+    columns = [f"test{k}_{key}" for k, net in enumerate(solver.test_nets) for key in test_output_keys(net)]
+    csv_log = CsvLog(path, columns)
+    solver.callbacks.append(csv_log)
+    return csv_log
+
+
+def _training_device(args, param):
+    """The array module this rank trains on. The GPU is picked before MPI starts (CUDA-aware MPIs want that)
+    where the launcher gives the local rank; a launcher that does not is asked through MPI's node split."""
+    from scaffe.parallel.launch import launcher_local_rank, node_local_rank, world
+    local_rank = launcher_local_rank()
+    if local_rank is None:
+        local_rank = node_local_rank(world()[0])
+    return _select_device(args.gpu, param.HasField("solver_mode") and param.solver_mode == param.GPU,
+                          param.device_id, local_rank)
+
+
 def _training_solver(args, param, profile, xp, comm):
-    """(the solver, the modelled run's report or None), made distributed under an MPI launcher: a modelled
-    solver (scaffe.modelled) with a compute profile, else one on array module `xp`."""
+    """(the solver, the modelled run's report or None, its scaffe.elastic committer or None), made distributed
+    under an MPI launcher: a modelled solver (scaffe.modelled) with a compute profile, else one on array module
+    `xp`, resumed from --resume-commit where given."""
+    from scaffe.elastic.committer import start_committing
     from scaffe.parallel.launch import make_distributed
     from scaffe.solvers import create_solver
     rank, size = comm.Get_rank(), comm.Get_size()
-    report = None
+    report = schedule = None
     if profile:
+        if args.resume_commit:
+            raise CliError("--resume-commit resumes real training, not a modelled run (--compute-profile)")
         from scaffe.modelled.solver import modelled_solver
         solver = modelled_solver(param, profile, source=args.solver, rank=rank, size=size)
     else:
         solver = create_solver(param, source=args.solver, net_kwargs={"xp": xp}, root_solver=rank == 0)
+    if args.resume_commit:
+        from scaffe.elastic.resume import resume_from_commit
+        resume_from_commit(solver, args.resume_commit, rank, size)
     if size > 1:
-        make_distributed(solver, comm, args.schedule)
+        schedule = make_distributed(solver, comm, args.schedule)
     if profile:
         from scaffe.modelled.solver import ModelledReport
         report = ModelledReport(solver, comm if size > 1 else None)
-    return solver, report
+    committer = start_committing(solver, args.solver, *((comm, schedule.comm.node_topology) if schedule else ()))
+    return solver, report, committer
 
 
 # ---------------------------------------------------------------- test
@@ -506,6 +536,13 @@ for _name, _summary in (("upgrade_net_proto_text", "rewrite an old (V0/V1) net p
                         ("upgrade_net_proto_binary", "the same for a .caffemodel"),
                         ("upgrade_solver_proto_text", 'the same for a solver (solver_type: ADAM -> type: "Adam")')):
     command(_name, _summary, "IN OUT", parses_own_flags=True)(_tool("upgrade_proto", _name))
+
+for _name, _function, _arguments, _summary in (
+        ("commits", "commits", "[--dir D]", "this host's training commits, newest first: <iteration> <path>"),
+        ("commit-to-snapshot", "commit_to_snapshot", "PATH --prefix P",
+         "a commit as a .caffemodel + .solverstate that train --snapshot resumes")):
+    command(_name, _summary, _arguments, parses_own_flags=True)(
+        lambda argv, function=_function: getattr(importlib.import_module("scaffe.elastic.commands"), function)(argv))
 
 COMMANDS = tuple(_COMMANDS)
 # Caffe's tools under their own names (setup.py's console scripts): `convert_imageset ARGS` is

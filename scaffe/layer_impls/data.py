@@ -3,7 +3,13 @@
 Reads its shard of the database (layer attributes `shard_rank`/`shard_count`, see
 scaffe.data.layer_support) in key order from record 0 at creation, wrapping around, like Caffe.
 Tops: data (N x C x H x W float32) and, optionally, label (N,).
+
+A reader's place can be kept and taken up again (scaffe.elastic): `reader_state()` says where in the
+global sample stream its next batch starts and the random state its transforms will draw from, counting
+the batches forward has delivered, not those the prefetch thread has prepared ahead; `resume_reader`
+(before the first forward) starts a reader there.
 """
+import collections
 import os
 import weakref
 
@@ -13,6 +19,7 @@ from scaffe.data.device_upload import DeviceUploader
 from scaffe.data.layer_support import copy_to_blob, layer_rng, layer_shard, reading_error, resolve_source
 from scaffe.data.lmdb_reader import ShardedCursor, database_kind, open_database
 from scaffe.data.prefetch import PrefetchError, Prefetcher
+from scaffe.data.sharding import global_position
 from scaffe.data.transformer import DataTransformer
 from scaffe.layer_impls import register
 from scaffe.layer_impls.layer import Layer
@@ -46,6 +53,28 @@ class DataLayer(Layer):
         self.prefetch_depth = max(1, int(p.prefetch))
         self._prefetcher = None
         self._cursor = None
+        self.stream_start = 0  # where in the global sample stream this reader's stream begins
+        self.delivered = 0  # batches forward has delivered
+        self._resumed_random = None  # the transforms' random state to start from, from resume_reader
+        # The transforms' random state after each prepared batch, in order: forward takes one per batch.
+        self._random_after = collections.deque()
+        self._random_now = None  # the state after the last delivered batch
+
+    def reader_state(self):
+        """{"position": where in the global stream this rank's next sample is, "random": the transforms' random
+        state for the next batch, or None before the first batch}."""
+        shard = layer_shard(self)
+        position = self.stream_start + global_position(self.delivered * self.batch_size, shard.rank, shard.count,
+                                                       shard.block)
+        return {"position": position, "random": self._random_now}
+
+    def resume_reader(self, position, random_state=None):
+        """Starts this reader's stream at global position `position`, its transforms drawing from
+        `random_state` (numpy RandomState.get_state() form; None: a fresh seed as usual). Before the first forward."""
+        if self._prefetcher is not None:
+            raise RuntimeError(f"layer {self.name!r} (Data): a reader that has started cannot be moved")
+        self.stream_start = int(position)
+        self._resumed_random = random_state
 
     def _open(self, backend, where):
         """The LMDB at self.source; an error that says what to do for anything else."""
@@ -89,10 +118,14 @@ class DataLayer(Layer):
         return self.transformer.output_shape(sample.shape)
 
     def _start(self, xp):
-        self.transformer.rng = layer_rng(self)
+        if self._resumed_random is None:
+            self.transformer.rng = layer_rng(self)
+        else:  # no draw from numpy's global state: the interrupted run made it long ago
+            self.transformer.rng = numpy.random.RandomState()
+            self.transformer.rng.set_state(self._resumed_random)
         # On a GPU the prefetch thread also uploads each batch (pinned, double-buffered).
         uploader = self._uploader = None if xp is numpy else DeviceUploader(xp, self.prefetch_depth)
-        self._cursor = ShardedCursor(self.database, layer_shard(self))
+        self._cursor = ShardedCursor(self.database, layer_shard(self), start=self.stream_start)
         # The thread holds the layer only weakly, so a net that is dropped gets collected and
         # its __del__ stops the thread, instead of the thread keeping the net alive forever.
         layer_ref = weakref.ref(self)
@@ -102,6 +135,7 @@ class DataLayer(Layer):
             if layer is None:
                 raise RuntimeError("the Data layer was deleted")
             batch = layer._load_batch()
+            layer._random_after.append(layer.transformer.rng.get_state())
             return batch if uploader is None else uploader.upload(batch)
 
         self._prefetcher = Prefetcher(produce, depth=self.prefetch_depth, name=f"scaffe-data-{self.name}")
@@ -140,6 +174,8 @@ class DataLayer(Layer):
             batch = self._prefetcher.next()
         except PrefetchError as e:
             raise RuntimeError(f"layer {self.name!r} (Data) reading {self.source!r}: {e.__cause__ or e}") from e
+        self.delivered += 1
+        self._random_now = self._random_after.popleft()
         if self._uploader is not None:
             self._uploader.deliver(batch, top[:2] if self.output_labels else top[:1])
             return

@@ -31,6 +31,14 @@ log = get_logger(__name__)
 ALL = slice(None)  # every element of a blob: the `part` of a whole-blob step
 
 
+def solver_state(iteration, learned_net, current_step, history):
+    """The SolverState a binary .solverstate holds: iteration, weights file, lr policy step, host `history` arrays."""
+    state = caffe_pb2.SolverState(iter=iteration, learned_net=learned_net, current_step=current_step)
+    for h in history:
+        sio.array_to_blobproto(h, blob=state.history.add())
+    return state
+
+
 def _flat_part(array, part):
     """Elements `part` (a slice) of blob-shaped `array` as a flat view: in-place updates write through."""
     return array.reshape(-1)[part]
@@ -234,10 +242,7 @@ class SGDSolver(Solver):
             log.info("Snapshotting solver state to HDF5 file %s", filename)
             sio.write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step, history)
         else:
-            state = caffe_pb2.SolverState(iter=self.iter, learned_net=model_filename,
-                                          current_step=self.current_step)
-            for h in history:
-                sio.array_to_blobproto(h, blob=state.history.add())
+            state = solver_state(self.iter, model_filename, self.current_step, history)
             filename = self.snapshot_filename(".solverstate")
             log.info("Snapshotting solver state to binary proto file %s", filename)
             sio.write_solverstate(state, filename)

@@ -480,9 +480,10 @@ class Solver:
         """Takes what the update needs (current_step, history) from SolverState `state`."""
         raise NotImplementedError(f"solver type {self.type} has no solver state")
 
-    def restore(self, state_file):
-        """Restores iteration, weights (from the state's learned_net) and history. As in Caffe,
-        the position in the training data is not restored: data layers start from their beginning."""
+    def restore(self, state_file, model=None):
+        """Restores iteration, weights (from the state's learned_net, or from `model` where given) and history.
+        As in Caffe, the position in the training data is not restored: data layers start from their
+        beginning (scaffe.elastic's commits keep it)."""
         state_file = os.fspath(state_file)
         if not os.path.exists(state_file):
             raise SolverError(f"{state_file}: no such solver state file")
@@ -490,7 +491,7 @@ class Solver:
             state = sio.read_solverstate(state_file)
         except sio.CaffeFormatError as e:
             raise SolverError(str(e)) from None
-        model = self._learned_net(state, state_file)
+        model = self._learned_net(state, state_file) if model is None else model
         if model is not None:
             try:
                 self.net.copy_trained_layers_from(model)

@@ -1,0 +1,2 @@
+"""Training that survives a lost host: commits of the training state in host memory, replicated to another
+host, and resumption from one at another rank count (settings, state, replication, committer, resume)."""

@@ -1,0 +1,100 @@
+"""Commits written to this host's shared memory and copied to another host's, by helper threads.
+
+The root (the rank that holds the solver's history under every schedule) hands each commit over as a
+scaffe.elastic.state.Capture; a writer thread turns it into files, stores them in this host's commit directory
+and sends them on a duplicate communicator to the replica: rank (root + ranks on the root's host) % P, the
+first rank of the next host, whose receiver thread stores them in that host's directory. With one host the
+replica would be the same directory: nothing travels. Nodes are collectives' (SCAFFE_RANKS_PER_NODE cuts a
+host into simulated ones, so that CI sends a replica across).
+
+Helper threads may call MPI only under MPI_THREAD_MULTIPLE; without it commits stay on the root's host.
+"""
+import queue
+import threading
+
+from mpi4py import MPI
+from mpi4py.util import pkl5
+
+from scaffe.elastic.state import store
+from scaffe.log import get_logger
+
+log = get_logger(__name__)
+
+_DONE = None  # what the writer sends, and the receiver takes, as the end of the commits
+
+
+def replica_rank(root, topology):
+    """The rank that keeps the copy of the root's commits (None where it would be on the root's host)."""
+    node_of = topology.node_of
+    peer = (root + topology.node_sizes[node_of[root]]) % len(node_of)
+    return None if node_of[peer] == node_of[root] else peer
+
+
+class Replication:
+    """This rank's part in keeping commits: the root's writer, the replica's receiver, or nothing.
+    Collective over `comm` (None: a single process); `topology`: collectives.topology.Topology of it."""
+
+    def __init__(self, directory, layout, comm=None, topology=None, root=0):
+        self.directory, self.layout, self.root = directory, layout, root
+        self.rank = 0 if comm is None else comm.Get_rank()
+        threads = comm is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        self.peer = replica_rank(root, topology) if comm is not None else None
+        self.link = pkl5.Intracomm(comm.Dup()) if comm is not None else None  # every rank takes part in Dup
+        if self.peer is not None and not threads:
+            if self.rank == root:
+                log.warning("Commits stay on this host: sending them to another needs MPI_THREAD_MULTIPLE")
+            self.peer = None
+        self.error = None  # the writer's failure, raised on the training thread
+        self._captures = queue.Queue()
+        self._thread = None
+        if self.rank == root:
+            self._thread = threading.Thread(target=self._write_and_send, name="scaffe-commit-writer", daemon=True)
+        elif self.rank == self.peer:
+            self._thread = threading.Thread(target=self._receive, name="scaffe-commit-receiver", daemon=True)
+        if self._thread is not None:
+            self._thread.start()
+
+    def put(self, capture):
+        """The root: commit `capture` (a Capture) in the background."""
+        self._raise_failure()
+        self._captures.put(capture)
+
+    def close(self, wait=True):
+        """Ends the helper threads; with `wait`, once every commit handed over is stored and sent. Without it
+        (training failed: the peer may be gone) they are left to die with the process."""
+        if self.rank == self.root:
+            self._captures.put(_DONE)
+        if wait and self._thread is not None:
+            self._thread.join()
+            self._raise_failure()
+
+    def _raise_failure(self):
+        if self.error is not None:
+            raise OSError(f"writing a commit into {self.directory} failed: {self.error}")
+
+    def _write_and_send(self):
+        while True:
+            capture = self._captures.get()
+            if capture is _DONE:
+                break
+            try:
+                files = capture.files(self.layout)
+                store(self.directory, capture.name, files)
+            except OSError as e:  # the next commit point reports it; a failed commit is not a sent one
+                self.error = e
+                continue
+            if self.peer is not None:
+                self.link.send((capture.name, files), dest=self.peer)
+        if self.peer is not None:
+            self.link.send(_DONE, dest=self.peer)
+
+    def _receive(self):
+        while True:
+            message = self.link.recv(source=self.root)
+            if message is _DONE:
+                return
+            name, files = message
+            try:
+                store(self.directory, name, files)
+            except OSError as e:  # the root goes on; this host just keeps no copy of this one
+                log.warning("The replica of commit %s could not be written into %s: %s", name, self.directory, e)

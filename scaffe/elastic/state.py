@@ -1,0 +1,229 @@
+"""What a commit holds, and reading and writing it: one directory D/iter_<N>, complete or absent.
+
+A commit taken after N updates (`iter_<N>`, N zero-padded to 9 digits so that names sort) holds:
+  commit.json        {"iter", "ranks", "global_batch", "batch", "iter_size", "solver", "solver_type",
+                      "current_step", "created"}: what resuming needs to know before building anything
+  model.caffemodel   the learned parameters, as a snapshot's .caffemodel
+  state.solverstate  the iteration, the lr policy's step and the solver's history, as a snapshot's
+                     .solverstate (its learned_net names model.caffemodel)
+  ranks.json         per original rank: its random states and each data reader's place (scaffe.layer_impls.data)
+It is written under a temporary name in D and renamed into place, so a directory called iter_<N> is complete;
+a host keeps its newest KEEP commits.
+"""
+import json
+import os
+import random
+import re
+import shutil
+import time
+
+import numpy
+
+from scaffe import io as sio
+from scaffe.io import CaffeFormatError, to_host
+from scaffe.proto import caffe_pb2
+from scaffe.solvers.sgd import solver_state
+
+COMMIT_FILE, MODEL_FILE, STATE_FILE, RANKS_FILE = "commit.json", "model.caffemodel", "state.solverstate", "ranks.json"
+KEEP = 2  # a host's newest commits kept: the one being written may be lost with the host, the one before is whole
+_NAME = re.compile(r"iter_(\d{9})$")
+
+
+def commit_name(iteration):
+    return f"iter_{iteration:09d}"
+
+
+# ---------------------------------------------------------------- one rank's state
+
+def data_readers(net):
+    """The layers of `net` whose place in their data can be kept (scaffe.layer_impls.data)."""
+    return [layer for layer in net.layers if hasattr(layer, "reader_state")]
+
+
+def _nets(solver):
+    """(key, net) of the training net and every test net, as ranks.json names them."""
+    return [("train", solver.net)] + [(f"test{k}", net) for k, net in enumerate(solver.test_nets)]
+
+
+def rank_state(solver):
+    """This rank's part of a commit: its random states and its data readers' places (JSON-ready)."""
+    return {"numpy_random": _numpy_state(numpy.random.get_state()),
+            "python_random": _python_state(random.getstate()),
+            "readers": {key: {layer.name: _reader_json(layer.reader_state()) for layer in data_readers(net)}
+                        for key, net in _nets(solver)}}
+
+
+def restore_rank_state(solver, ranks, rank):
+    """Every data reader starts where the committed ranks' next batch starts (`ranks`: ranks.json's list); this
+    rank takes the random states of the committed rank of its number, where there was one."""
+    own = ranks[rank] if rank < len(ranks) else None
+    for key, net in _nets(solver):
+        for layer in data_readers(net):
+            places = [committed["readers"].get(key, {}).get(layer.name) for committed in ranks]
+            if any(place is None for place in places):
+                raise CaffeFormatError(f"the commit keeps no place for data layer {layer.name!r} of the {key} net")
+            # The ranks' next samples are the next positions of the stream in some order: the first is where
+            # the next global batch starts, whatever the rank count.
+            start = min(place["position"] for place in places)
+            own_random = None if own is None else own["readers"][key][layer.name]["random"]
+            layer.resume_reader(start, None if own_random is None else _numpy_tuple(own_random))
+    if own is not None:
+        numpy.random.set_state(_numpy_tuple(own["numpy_random"]))
+        random.setstate(_python_tuple(own["python_random"]))
+
+
+def _numpy_state(state):
+    kind, keys, pos, has_gauss, cached = state
+    return [kind, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+
+
+def _numpy_tuple(state):
+    kind, keys, pos, has_gauss, cached = state
+    return kind, numpy.asarray(keys, dtype=numpy.uint32), pos, has_gauss, cached
+
+
+def _python_state(state):
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _python_tuple(state):
+    version, internal, gauss = state
+    return version, tuple(internal), gauss
+
+
+def _reader_json(place):
+    return {"position": int(place["position"]),
+            "random": None if place["random"] is None else _numpy_state(place["random"])}
+
+
+# ---------------------------------------------------------------- the commit, in memory then in files
+
+class ModelLayout:
+    """Which learnable blob each layer's blobs are, to write the .caffemodel from copies of the learnables."""
+
+    def __init__(self, net):
+        self.name = net.name
+        self.layers = []
+        for record in net.layer_records:
+            layer = caffe_pb2.LayerParameter()
+            layer.CopyFrom(record.layer.param)
+            self.layers.append((layer, [net.param_records[p].learnable_id for p in record.param_ids]))
+
+    def model_bytes(self, learnables):
+        model = caffe_pb2.NetParameter(name=self.name)
+        for layer, ids in self.layers:
+            written = model.layer.add()
+            written.CopyFrom(layer)
+            sio.set_layer_blobs(written, [learnables[i] for i in ids])
+        return model.SerializeToString()
+
+
+class Capture:
+    """A commit in this process's memory: copies of the learnables and the history taken on the training thread
+    (`copy`), turned into the commit's files later, on another (`files`)."""
+
+    def __init__(self, solver, ranks, global_batch):
+        self.iteration = solver.iter
+        self.meta = {"iter": solver.iter, "ranks": len(ranks), "global_batch": global_batch,
+                     "batch": solver.net.batch_size, "iter_size": solver.param.iter_size,
+                     "solver": os.path.abspath(solver.source) if solver.source else None,
+                     "solver_type": solver.type, "current_step": solver.current_step, "created": time.time()}
+        self.ranks = ranks
+        self.learnables = [_host_copy(blob.data) for blob in solver.net.learnable_params]
+        self.history = [_host_copy(h) for h in solver.history]
+
+    @property
+    def name(self):
+        return commit_name(self.iteration)
+
+    def files(self, layout):
+        """{file name: bytes} of the commit directory."""
+        state = solver_state(self.iteration, MODEL_FILE, self.meta["current_step"], self.history)
+        return {MODEL_FILE: layout.model_bytes(self.learnables), STATE_FILE: state.SerializeToString(),
+                RANKS_FILE: json.dumps(self.ranks).encode(),
+                COMMIT_FILE: json.dumps(self.meta, indent=1).encode()}  # last: it says the others are there
+
+
+def _host_copy(array):
+    host = to_host(array)
+    return host.copy() if host is array else host  # a device array's download is a copy already
+
+
+def store(directory, name, files, keep=KEEP):
+    """Writes commit `name` ({file: bytes}) into `directory` under a temporary name, renames it into place and
+    drops all but the newest `keep` commits; returns its path. A commit already there stays (two ranks of one
+    host may both hold it)."""
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, name)
+    partial = os.path.join(directory, f".{name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    os.mkdir(partial)
+    for file_name, data in files.items():
+        with open(os.path.join(partial, file_name), "wb") as f:
+            f.write(data)
+    try:
+        os.rename(partial, final)
+    except OSError:
+        if not os.path.isdir(final):
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+    for _, stale in list_commits(directory)[keep:]:
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def list_commits(directory):
+    """(iteration, path) of every complete commit in `directory`, newest first; none when it does not exist."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    found = [(int(match.group(1)), os.path.join(directory, name)) for name in names if (match := _NAME.match(name))]
+    return sorted(found, reverse=True)
+
+
+# ---------------------------------------------------------------- reading one
+
+class Commit:
+    """A commit directory, read: `meta` (commit.json), `ranks` (ranks.json), and the paths of its model and state."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if not os.path.isdir(self.path):
+            raise CaffeFormatError(f"{self.path}: no such commit directory")
+        self.meta = self._json(COMMIT_FILE)
+        self.ranks = self._json(RANKS_FILE)
+        missing = {"iter", "ranks", "global_batch", "batch", "iter_size"} - set(self.meta)
+        if missing or len(self.ranks) != self.meta["ranks"]:
+            raise CaffeFormatError(f"{self.path}: {COMMIT_FILE} lacks {', '.join(sorted(missing))}" if missing else
+                                   f"{self.path}: {RANKS_FILE} holds {len(self.ranks)} ranks, "
+                                   f"{COMMIT_FILE} says {self.meta['ranks']}")
+        self.iteration = int(self.meta["iter"])
+        self.model_path = os.path.join(self.path, MODEL_FILE)
+        self.state_path = os.path.join(self.path, STATE_FILE)
+
+    def _json(self, name):
+        path = os.path.join(self.path, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise CaffeFormatError(f"{path}: no such file; not a complete commit") from None
+        except (OSError, ValueError) as e:
+            raise CaffeFormatError(f"{path}: unreadable ({e}); the commit is damaged") from None
+
+
+def write_snapshot(commit_path, prefix):
+    """Commit `commit_path` as a snapshot `scaffe train --snapshot` resumes: <prefix>_iter_<N>.caffemodel and
+    <prefix>_iter_<N>.solverstate (data readers start from their beginning then, as with any snapshot).
+    Returns the two paths."""
+    commit = Commit(commit_path)
+    model_path = f"{prefix}_iter_{commit.iteration}.caffemodel"
+    state_path = f"{prefix}_iter_{commit.iteration}.solverstate"
+    with open(commit.model_path, "rb") as f:
+        sio.atomic_write_bytes(model_path, f.read())
+    state = sio.read_solverstate(commit.state_path)
+    state.learned_net = model_path
+    sio.write_solverstate(state, state_path)
+    return model_path, state_path
