@@ -507,6 +507,10 @@ for _name, _summary in (("upgrade_net_proto_text", "rewrite an old (V0/V1) net p
                         ("upgrade_solver_proto_text", 'the same for a solver (solver_type: ADAM -> type: "Adam")')):
     command(_name, _summary, "IN OUT", parses_own_flags=True)(_tool("upgrade_proto", _name))
 
+command("elastic", "run `scaffe train` through an MPI launcher, relaunched on the hosts left after a failure",
+        "[--min-np N] [--max-np M] [--hostfile F] -- scaffe train ...", parses_own_flags=True)(
+    lambda argv: importlib.import_module("scaffe.elastic.supervisor").main(argv))
+
 COMMANDS = tuple(_COMMANDS)
 # Caffe's tools under their own names (setup.py's console scripts): `convert_imageset ARGS` is
 # `scaffe convert_imageset ARGS`.

@@ -1,0 +1,1 @@
+"""Training that survives a lost host: committed state in host memory, and a supervisor that relaunches."""
