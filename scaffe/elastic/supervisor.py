@@ -173,8 +173,8 @@ class Supervisor:
         silent = [host.name for host in candidates if host.name not in commits]
         why = ("the job stopped at a commit for new hosts" if status == GROW_EXIT
                else f"the job failed with exit status {status}")
-        why += "".join(f"; {label}: {','.join(names)}" for label, names in
-                       (("rank killed on", sorted(killed)), ("not answering", silent)) if names)
+        why += "".join(f"; {label} {','.join(names)}" for label, names in
+                       (("rank killed on", sorted(killed)), ("not answering:", silent)) if names)
         return self._placement(answering, commit.holders if commit else ()), commit, why
 
     def _placement(self, hosts, holders):
@@ -286,7 +286,9 @@ class Supervisor:
         answers = {}
         for name, process in asked.items():
             try:
-                out, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                # One that ended while an earlier one was awaited answered in time, however late it is read.
+                left = None if process.poll() is not None else max(0.0, deadline - time.monotonic())
+                out, _ = process.communicate(timeout=left)
             except subprocess.TimeoutExpired:
                 _wait_or_kill(process, 0)
                 continue
