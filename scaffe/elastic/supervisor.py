@@ -5,8 +5,10 @@ fewer than --min-np ranks remain, or --max-restarts is spent.
 
 The commits are the training side's (scaffe.elastic.state): directories D/iter_<N> in every host's memory
 (D = SCAFFE_COMMIT_DIR), listed there by `scaffe commits --dir D`, which is also how a host is asked whether
-it answers. A relaunch puts a host that holds the chosen commit first, so that rank 0 runs where the commit
-is and reads it (the other ranks get it from rank 0); nothing is copied between hosts beforehand.
+it answers. Every rank reads the commit it resumes from in its own host's memory, so before a relaunch the
+supervisor copies the chosen commit from a host that holds it to the hosts of the new job that lack it
+(scaffe.elastic.spread, run through the launcher on one rank per host); that holder goes first in the host
+list, where rank 0 runs.
 """
 import argparse
 import os
@@ -31,7 +33,8 @@ GROW_EXIT = 75
 DEFAULT_COMMIT_ITERS = 50
 # The words of the training command that a commit replaces on a relaunch (its weights and solver state).
 RESUME_FLAGS = ("snapshot", "weights", "resume-commit")
-# Writing a big net's commit as a snapshot may take a while; a host that takes longer has failed.
+# Writing a big net's commit as a snapshot, or copying it to another host, may take a while; a host that takes
+# longer has failed.
 SNAPSHOT_TIMEOUT_S = 600
 
 
@@ -143,13 +146,14 @@ class Supervisor:
             if status != GROW_EXIT:
                 restarts += 1
                 self.excluded |= killed if not self.source.local else set()
-            hosts, commit, why = self._next_launch(status, killed, hosts)
+            hosts, commit, why, lacking = self._next_launch(status, killed, hosts)
             if status != GROW_EXIT and restarts > self.options.max_restarts:
                 return self._end(f"the job failed {restarts} times, more than --max-restarts "
                                  f"{self.options.max_restarts}", commit)
             if self._ranks(hosts) < self.options.min_np:
                 return self._end(f"{why}; {self._ranks(hosts)} rank(s) left on the hosts that answer "
                                  f"({_names(hosts) or 'none'}), fewer than --min-np {self.options.min_np}", commit)
+            self._copy_commit(commit, lacking)
             log.info("%s %s; relaunching on %s (%d ranks) from %s",
                      "growing:" if status == GROW_EXIT else f"restart {restarts} of at most "
                      f"{self.options.max_restarts}:", why, _names(hosts), self._ranks(hosts), _origin(commit))
@@ -157,8 +161,8 @@ class Supervisor:
     # ------------------------------------------------ deciding
 
     def _next_launch(self, status, killed, old_hosts):
-        """(hosts, commit, why) of the launch after one that ended with `status`: the hosts that answer
-        (less the excluded), a holder of the newest commit among them first."""
+        """(hosts, commit, why, hosts lacking the commit) of the launch after one that ended with `status`: the
+        hosts that answer (less the excluded), a holder of the newest commit among them first."""
         if status == GROW_EXIT:
             self._on_hosts(old_hosts, ["rm", "-f", self._grow_flag()])
         try:
@@ -175,7 +179,9 @@ class Supervisor:
                else f"the job failed with exit status {status}")
         why += "".join(f"; {label} {','.join(names)}" for label, names in
                        (("rank killed on", sorted(killed)), ("not answering:", silent)) if names)
-        return self._placement(answering, commit.holders if commit else ()), commit, why
+        hosts = self._placement(answering, commit.holders if commit else ())
+        lacking = [host for host in hosts if commit and host.name not in commit.holders]
+        return hosts, commit, why, lacking
 
     def _placement(self, hosts, holders):
         """Up to --max-np slots of `hosts`, the hosts in `holders` first (rank 0 reads the commit)."""
@@ -206,6 +212,17 @@ class Supervisor:
             log.error("the commit of iteration %d is written as the snapshot %s_iter_%d.solverstate: resume with "
                       "scaffe train --snapshot", commit.iteration, self.snapshot_prefix, commit.iteration)
         return 1
+
+    def _copy_commit(self, commit, lacking):
+        """Copies `commit` from its first holder to the hosts `lacking` it."""
+        if not lacking:
+            return
+        program = [sys.executable, "-m", "scaffe.elastic.spread", commit.path]
+        status = self._run_beside(self._holder(commit) + [Host(host.name, 1) for host in lacking], program,
+                                  SNAPSHOT_TIMEOUT_S)
+        if status != 0:
+            log.warning("copying the commit of iteration %d from %s to %s failed (exit status %s)", commit.iteration,
+                        commit.holders[0], ",".join(host.name for host in lacking), status)
 
     def _holder(self, commit):
         return [Host(commit.holders[0], 1)]

@@ -3,7 +3,9 @@ and which commit each relaunch gets, the growth handshake (D/GROW, exit 75), the
 --max-restarts with their snapshot, and the one log line of each; then the command lines of each launcher
 kind and the parsing of host lists and of hydra's report."""
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from scaffe.elastic.supervisor import (ElasticError, _flag_value, _without_flags
                                        parse_command_line, parse_commit_lines)
 
 FAKE_LAUNCHER = Path(__file__).with_name("workers") / "fake_launcher.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Bed:
@@ -73,6 +76,10 @@ def test_a_failed_job_restarts_from_the_newest_commit_on_the_hosts_that_answer(t
     # The commit holds the weights: --weights gives way to --resume-commit.
     assert second["program"][4:] == ["scaffe", "train", f"--solver={bed.solver}", f"--resume-commit={bed.commit(40)}"]
     assert sorted(call["hosts"] for call in bed.calls() if "commits" in call["program"]) == ["h1:1", "h2:1", "h3:1"]
+    # Every rank reads the commit on its own host: h1 gets a copy from h3 first.
+    assert [(call["hosts"], call["program"][1:]) for call in bed.calls() if "-m" in call["program"]] == [
+        ("h3:1,h1:1", ["-m", "scaffe.elastic.spread", bed.commit(40)])]
+    assert (bed.state / "hosts" / "h1" / "iter_000000040").is_dir()
     restarts = log_lines(capsys, "relaunching")
     assert restarts == [restarts[0]] and restarts[0].endswith(
         f"restart 1 of at most 3: the job failed with exit status 1; not answering: h2; relaunching on "
@@ -151,6 +158,7 @@ def test_new_hosts_in_discovery_grow_the_job_at_its_next_commit(tmp_path, monkey
     first, second = bed.trainings()
     assert first["hosts"] == "h1:1,h2:1"
     assert (second["hosts"], second["program"][-1]) == ("h1:1,h2:1,h3:1", f"--resume-commit={bed.commit(60)}")
+    assert [call["hosts"] for call in bed.calls() if "scaffe.elastic.spread" in call["program"]] == ["h1:1,h3:1"]
     flags = [(call["hosts"], call["program"][0]) for call in bed.calls() if call["program"][0] in ("sh", "rm")]
     assert flags == [("h1:1,h2:1", "sh"), ("h1:1,h2:1", "rm")]  # asked on the job's hosts, then cleared
     assert not list((bed.state / "hosts").glob("*/GROW"))
@@ -250,3 +258,25 @@ def test_the_newest_commit_and_its_holders():
                "h2": parse_commit_lines("garbage\n20 /d/iter_000000020\n"), "h3": parse_commit_lines("40 /d/iter_000000040")}
     assert newest_commit(commits) == (40, "/d/iter_000000040", ("h1", "h3"))
     assert newest_commit({"h1": []}) is None
+
+
+def test_spread_copies_a_commit_from_rank_0_to_the_other_ranks(tmp_path):
+    """scaffe.elastic.spread under mpiexec, rank 1 writing to another folder (as if on another host): the same
+    bytes, and the folder appears only complete (no temporary left)."""
+    source = tmp_path / "h1" / "iter_000000040"
+    (source / "ranks").mkdir(parents=True)
+    contents = {"commit.json": b'{"iter": 40}', "ranks/0.npz": bytes(range(256)) * 1000, "empty": b""}
+    for name, data in contents.items():
+        (source / name).write_bytes(data)
+    dest = tmp_path / "h2" / "iter_000000040"
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    done = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "scaffe.elastic.spread", str(source),
+                           str(dest)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stderr
+    assert {name: (dest / name).read_bytes() for name in contents} == contents
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["iter_000000040"]
+    missing = subprocess.run([str(mpiexec), "-n", "2", sys.executable, "-m", "scaffe.elastic.spread",
+                              str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert missing.returncode == 1 and "is not a readable commit directory on rank 0's host" in missing.stderr

@@ -9,7 +9,7 @@ memory (its commits and GROW flag) in a folder of its own. FAKE_LAUNCHER_STATE n
                killed: print hydra's report of a rank of that host killed by SIGKILL; discover: the new text
                of discovery.txt when the job starts; until_grow: wait for GROW on the job's first host, then
                write the commits and end.
-  calls.jsonl  one {"hosts": [...], "ranks": P, "program": [...]} per call
+  calls.jsonl  one {"hosts": "h1:1,...", "ranks": P, "program": [...]} per call
   hosts/NAME/  the host's memory: iter_<N> folders and GROW
 """
 import json
@@ -83,11 +83,14 @@ def train(hosts, program):
 
 
 def on_each_host(hosts, program):
-    """The supervisor's own small programs: the GROW flag's `sh -c "mkdir ... GROW"` and `rm -f .../GROW`."""
+    """The supervisor's own small programs: scaffe.elastic.spread's copy from the first host to the others, the
+    GROW flag's `sh -c "mkdir ... GROW"` and `rm -f .../GROW`."""
     for host in hosts:
         if lost(host):
             sys.exit(255)
-        if program[0] == "sh":
+        if "scaffe.elastic.spread" in program:
+            (memory(host) / Path(program[-1]).name).mkdir(exist_ok=True)
+        elif program[0] == "sh":
             (memory(host) / "GROW").touch()
         else:
             (memory(host) / "GROW").unlink(missing_ok=True)
