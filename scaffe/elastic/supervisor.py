@@ -11,6 +11,7 @@ supervisor copies the chosen commit from a host that holds it to the hosts of th
 list, where rank 0 runs.
 """
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -179,19 +180,42 @@ class Supervisor:
                else f"the job failed with exit status {status}")
         why += "".join(f"; {label} {','.join(names)}" for label, names in
                        (("rank killed on", sorted(killed)), ("not answering:", silent)) if names)
-        hosts = self._placement(answering, commit.holders if commit else ())
+        global_batch = self._global_batch(commit)
+        hosts = self._placement(answering, commit.holders if commit else (), global_batch)
+        if self._ranks(hosts) < self._ranks(self._placement(answering, ())):
+            why += f"; the commit's global batch {global_batch} takes {self._ranks(hosts)} of the ranks"
         lacking = [host for host in hosts if commit and host.name not in commit.holders]
         return hosts, commit, why, lacking
 
-    def _placement(self, hosts, holders):
-        """Up to --max-np slots of `hosts`, the hosts in `holders` first (rank 0 reads the commit)."""
-        left = self.options.max_np or sum(host.slots for host in hosts)
+    def _placement(self, hosts, holders, global_batch=0):
+        """Up to --max-np slots of `hosts`, the hosts in `holders` first (rank 0 reads the commit), as many as
+        divide `global_batch` where one is given (the resumed job splits it evenly, or refuses to start)."""
+        left = min(self.options.max_np or self._ranks(hosts), self._ranks(hosts))
+        while global_batch and left > 1 and global_batch % left:
+            left -= 1
         placed = []
         for host in sorted(hosts, key=lambda host: host.name not in holders):
             if left > 0:
                 placed.append(Host(host.name, min(host.slots, left)))
                 left -= placed[-1].slots
         return placed
+
+    def _global_batch(self, commit):
+        """The global batch in `commit`'s commit.json (read on a holder through the launcher), 0 if unknown."""
+        if commit is None:
+            return 0
+        program = ["cat", os.path.join(commit.path, "commit.json")]
+        process = subprocess.Popen(self.launcher.command(self._holder(commit), program, beside_job=True),
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                   start_new_session=True)
+        try:
+            out, _ = process.communicate(timeout=self.options.probe_timeout)
+            return int(json.loads(out)["global_batch"]) if process.returncode == 0 else 0
+        except subprocess.TimeoutExpired:
+            _wait_or_kill(process, 0)
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s/commit.json gives no global batch", commit.path)
+        return 0
 
     @staticmethod
     def _ranks(hosts):

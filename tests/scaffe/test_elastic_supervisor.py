@@ -109,6 +109,17 @@ def test_a_host_that_hangs_when_asked_counts_as_lost(tmp_path, monkeypatch, caps
     assert "not answering: h1; relaunching on h3:1,h2:1 (2 ranks) from iteration 20" in log_lines(capsys, "restart")[0]
 
 
+def test_a_relaunch_takes_as_many_ranks_as_divide_the_commits_global_batch(tmp_path, monkeypatch, capsys):
+    # 4 ranks x 4 = 16 samples an iteration: 3 hosts left can run 2 ranks x 8, not 3 ranks x 16/3.
+    bed = Bed(tmp_path, monkeypatch, [{"exit": 1, "commits": {"h1": [20], "h2": [20]}, "silent": ["h4"],
+                                       "global_batch": 16},
+                                      {"exit": 0}], hosts="h1:1\nh2:1\nh3:1\nh4:1\n")
+    assert bed.run() == 0
+    assert bed.trainings()[1]["hosts"] == "h1:1,h2:1"
+    assert ("not answering: h4; the commit's global batch 16 takes 2 of the ranks; relaunching on h1:1,h2:1 "
+            "(2 ranks) from iteration 20") in log_lines(capsys, "restart")[0]
+
+
 def test_a_failure_before_the_first_commit_restarts_from_the_start(tmp_path, monkeypatch, capsys):
     bed = Bed(tmp_path, monkeypatch, [{"exit": 1}, {"exit": 0}])
     assert bed.run() == 0

@@ -4,8 +4,9 @@ It runs nothing real: it records every call, plays the training jobs a plan scri
 memory (its commits and GROW flag) in a folder of its own. FAKE_LAUNCHER_STATE names the state folder:
   plan.json    {"jobs": [JOB, ...]}, one JOB per training launch, in order:
                {"exit": 1, "commits": {"h1": [20, 40]}, "silent": ["h2"], "hangs": ["h3"], "killed": "h2",
-                "discover": "h1:1\\nh3:1\\n", "until_grow": true}
-               commits: written on those hosts; silent/hangs: hosts that from then on fail/hang when asked;
+                "discover": "h1:1\\nh3:1\\n", "until_grow": true, "global_batch": 24}
+               commits: written on those hosts (commit.json's global_batch: "global_batch", default 24);
+               silent/hangs: hosts that from then on fail/hang when asked;
                killed: print hydra's report of a rank of that host killed by SIGKILL; discover: the new text
                of discovery.txt when the job starts; until_grow: wait for GROW on the job's first host, then
                write the commits and end.
@@ -14,6 +15,7 @@ memory (its commits and GROW flag) in a folder of its own. FAKE_LAUNCHER_STATE n
 """
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -69,7 +71,10 @@ def train(hosts, program):
             time.sleep(0.02)
     for host, iterations in job.get("commits", {}).items():
         for iteration in iterations:
-            (memory(host) / f"iter_{iteration:09d}").mkdir(exist_ok=True)
+            commit = memory(host) / f"iter_{iteration:09d}"
+            commit.mkdir(exist_ok=True)
+            (commit / "commit.json").write_text(json.dumps({"iter": iteration, "ranks": len(hosts),
+                                                            "global_batch": job.get("global_batch", 24)}))
     for kind in ("silent", "hangs"):
         for host in job.get(kind, []):
             (STATE / f"{kind}_{host}").touch()
@@ -89,7 +94,9 @@ def on_each_host(hosts, program):
         if lost(host):
             sys.exit(255)
         if "scaffe.elastic.spread" in program:
-            (memory(host) / Path(program[-1]).name).mkdir(exist_ok=True)
+            source = memory(hosts[0]) / Path(program[-1]).name
+            if not (memory(host) / source.name).exists():
+                shutil.copytree(source, memory(host) / source.name)
         elif program[0] == "sh":
             (memory(host) / "GROW").touch()
         else:
@@ -105,6 +112,8 @@ def main():
         train(hosts, program)
     elif "commits" in program:
         list_commits(hosts[0], program[program.index("--dir") + 1])
+    elif program[0] == "cat":
+        print((memory(hosts[0]) / Path(program[1]).relative_to(Path(program[1]).parents[1])).read_text())
     elif "commit-to-snapshot" not in program:
         on_each_host(hosts, program)
 
