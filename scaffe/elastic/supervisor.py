@@ -188,8 +188,8 @@ class Supervisor:
         return hosts, commit, why, lacking
 
     def _placement(self, hosts, holders, global_batch=0):
-        """Up to --max-np slots of `hosts`, the hosts in `holders` first (rank 0 reads the commit), as many as
-        divide `global_batch` where one is given (the resumed job splits it evenly, or refuses to start)."""
+        """Up to --max-np slots of `hosts`, the hosts in `holders` first (rank 0 runs where the commit is), as
+        many as divide `global_batch` where one is given (the resumed job splits it evenly, or refuses to start)."""
         left = min(self.options.max_np or self._ranks(hosts), self._ranks(hosts))
         while global_batch and left > 1 and global_batch % left:
             left -= 1
