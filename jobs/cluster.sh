@@ -7,6 +7,9 @@
 #                                                      every host's link, both directions (tbf); --slurm
 #                                                      starts Slurm on them (slurmctld, a slurmd per host)
 #   jobs/cluster.sh run [-n PER_HOST] CMD...           run CMD on PER_HOST ranks of every host (default 1)
+#   jobs/cluster.sh mpiexec ARGS...                    hydra's mpiexec through the bed with your placement,
+#                                                      e.g. -hosts 10.X.Y.1:2,10.X.Y.3:2 -n 4 CMD (the
+#                                                      launcher `scaffe elastic --launcher` drives)
 #   jobs/cluster.sh status                             hosts, addresses, link rate, processes left
 #   jobs/cluster.sh kill                               kill what runs in the hosts, keep them
 #   jobs/cluster.sh down                               kill what runs in the hosts, remove everything
@@ -28,7 +31,7 @@ state=/run/scaffe-bed/$bed
 bridge=${bed}br
 
 die() { echo "cluster.sh: $2" >&2; exit "$1"; }
-usage() { sed -n '5,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 [[ $bed =~ ^[a-z][a-z0-9]{0,7}$ ]] || die 2 "SCAFFE_BED=$bed: give 1 to 8 lower-case letters or digits, starting with a letter"
 [[ $(id -u) == 0 ]] || die 3 "must run as root (namespaces, veths and bridges need CAP_NET_ADMIN)"
@@ -254,12 +257,19 @@ run() {
     [[ $per_host =~ ^[1-9][0-9]*$ ]] || die 2 "-n $per_host: give a number of ranks per host"
     (($#)) || usage
     [[ -f $state/hosts ]] || die 1 "bed $bed is not up (jobs/cluster.sh up H)"
-    local mpiexec hosts count
-    mpiexec=$(find_mpiexec)
+    local hosts count
     hosts=$(awk -v n="$per_host" '{printf "%s%s:%d", (NR > 1 ? "," : ""), $1, n}' "$state/hosts")
     count=$(($(wc -l <"$state/hosts") * per_host))
+    bed_mpiexec -hosts "$hosts" -n "$count" "$@"
+}
+
+bed_mpiexec() {  # hydra with the bed's launcher and bridge; the arguments say where and what
+    (($#)) || usage
+    [[ -f $state/hosts ]] || die 1 "bed $bed is not up (jobs/cluster.sh up H)"
+    local mpiexec
+    mpiexec=$(find_mpiexec)
     export UCX_TLS=${UCX_TLS:-self,tcp}
-    exec "$mpiexec" -launcher ssh -launcher-exec "$state/launch" -iface "$bridge" -hosts "$hosts" -n "$count" "$@"
+    exec "$mpiexec" -launcher ssh -launcher-exec "$state/launch" -iface "$bridge" "$@"
 }
 
 status() {
@@ -281,6 +291,7 @@ shift || true
 case $command in
     up) up "$@" ;;
     run) run "$@" ;;
+    mpiexec) bed_mpiexec "$@" ;;
     down) (($# == 0)) || usage; down; echo "bed $bed is down" ;;
     status) status ;;
     kill) (($# == 0)) || usage; kill_all ;;

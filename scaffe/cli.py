@@ -543,6 +543,9 @@ for _name, _function, _arguments, _summary in (
          "a commit as a .caffemodel + .solverstate that train --snapshot resumes")):
     command(_name, _summary, _arguments, parses_own_flags=True)(
         lambda argv, function=_function: getattr(importlib.import_module("scaffe.elastic.commands"), function)(argv))
+command("elastic", "run `scaffe train` through an MPI launcher, relaunched on the hosts left after a failure",
+        "[--min-np N] [--max-np M] [--hostfile F] -- scaffe train ...", parses_own_flags=True)(
+    lambda argv: importlib.import_module("scaffe.elastic.supervisor").main(argv))
 
 COMMANDS = tuple(_COMMANDS)
 # Caffe's tools under their own names (setup.py's console scripts): `convert_imageset ARGS` is

@@ -1,0 +1,85 @@
+"""How each MPI launcher is told to start ranks on chosen hosts: MPICH's hydra (`mpiexec -hosts h:s,... -n P`,
+also `jobs/cluster.sh mpiexec` on the bed), MVAPICH2's mpirun_rsh (`-np P -hostfile F`, also
+`jobs/mpirun_rsh.sh`) and Slurm's srun (`--ntasks P --nodes N --nodelist h,...`). The kind is read from the
+launcher command's words; anything else is taken for hydra."""
+import os
+import re
+import tempfile
+
+from scaffe.elastic.hosts import LOCALHOST
+
+
+# hydra's report of a rank that ended badly: "=   PID 123 RUNNING AT h2" ("=   RANK 1 PID 123 ..." before
+# MPICH 4), then "=   EXIT CODE: 9" or "=   KILLED BY SIGNAL: 9 (Killed)".
+_RUNNING_AT = re.compile(r"^=\s+(?:RANK \d+ )?PID \d+ RUNNING AT (\S+)")
+_ENDED_WITH = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
+# SIGKILL: kill -9, the kernel's OOM killer, a node's watchdog; not a bug that would fail on any host.
+_HOST_FAULT_SIGNAL = 9
+
+
+class KilledRanks:
+    """The hosts where a launcher's output (fed line by line) reports a rank killed by SIGKILL. Only hydra
+    names them; with the other launchers the set stays empty."""
+
+    def __init__(self):
+        self.hosts = set()
+        self._running_at = None
+
+    def feed(self, line):
+        running_at = _RUNNING_AT.match(line)
+        if running_at:
+            self._running_at = running_at.group(1)
+            return
+        ended = _ENDED_WITH.match(line)
+        if ended and self._running_at and int(ended.group(1)) == _HOST_FAULT_SIGNAL:
+            self.hosts.add(self._running_at)
+
+
+def launcher_kind(words):
+    """hydra, mpirun_rsh or srun: the launcher a command line starts."""
+    names = [os.path.basename(word) for word in words]
+    if any(name.startswith("mpirun_rsh") for name in names):
+        return "mpirun_rsh"
+    if "srun" in names:
+        return "srun"
+    return "hydra"
+
+
+def is_local(hosts):
+    """Whether `hosts` is this machine alone, which launchers get as a rank count without a host list."""
+    return len(hosts) == 1 and hosts[0].name == LOCALHOST
+
+
+class Launcher:
+    """A launcher command (its words, e.g. ["mpiexec"] or ["jobs/mpirun_rsh.sh"]) that turns a list of
+    Hosts and a program into the command line running one rank per slot; hostfiles go to `work_dir`."""
+
+    def __init__(self, words, work_dir):
+        self.words = list(words)
+        self.kind = launcher_kind(self.words)
+        self.work_dir = work_dir
+
+    def command(self, hosts, program, beside_job=False):
+        """The command line that runs `program` (a list of words) on every slot of `hosts`; `beside_job`:
+        while the training job holds those hosts (srun then needs --overlap to share them)."""
+        ranks = str(sum(host.slots for host in hosts))
+        placement = getattr(self, f"_{self.kind}")(hosts, ranks, beside_job)
+        return self.words + placement + list(program)
+
+    def _hydra(self, hosts, ranks, beside_job):
+        del beside_job  # hydra starts a second job beside the first as it starts any other
+        if is_local(hosts):
+            return ["-n", ranks]
+        return ["-hosts", ",".join(f"{host.name}:{host.slots}" for host in hosts), "-n", ranks]
+
+    def _mpirun_rsh(self, hosts, ranks, beside_job):
+        del beside_job
+        with tempfile.NamedTemporaryFile("w", dir=self.work_dir, prefix="hosts-", delete=False) as f:
+            f.writelines(f"{host.name}:{host.slots}\n" for host in hosts)
+        return ["-np", ranks, "-hostfile", f.name]
+
+    def _srun(self, hosts, ranks, beside_job):
+        placement = (["--overlap"] if beside_job else []) + ["--ntasks", ranks]
+        if is_local(hosts):
+            return placement
+        return placement + ["--nodes", str(len(hosts)), "--nodelist", ",".join(host.name for host in hosts)]
