@@ -133,6 +133,40 @@ def test_an_hdf5_data_file_that_is_no_hdf5_names_the_file(tmp_path):
         hdf5_layer(tmp_path, [tmp_path / "a.h5"])
 
 
+def test_a_damaged_datum_met_by_a_forward_pass_names_the_layer_database_and_record(tmp_path):
+    write_lmdb(tmp_path / "db", [SAMPLE, DAMAGED, SAMPLE])
+    net = net_from_text(f'layer {{ name: "d" type: "Data" top: "data" data_param {{ source: "{tmp_path / "db"}" '
+                        'batch_size: 3 backend: LMDB } }')
+    with pytest.raises(sio.CaffeFormatError, match=rf"^layer 'd' \(Data\) reading '{tmp_path / 'db'}': record "
+                                                   r"'00000001': not a Caffe Datum \(Error parsing"):
+        net.forward()
+
+
+def damaged_heap(path):
+    """`path`, an HDF5 file, with the signature of its first local heap (the root group's) damaged: h5py raises
+    RuntimeError looking up a name."""
+    data = path.read_bytes()
+    assert b"HEAP" in data
+    path.write_bytes(data.replace(b"HEAP", b"XXXX", 1))
+    return path
+
+
+def test_hdf5_files_whose_structure_is_damaged_name_the_file(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = numpy.ones((4, 2), numpy.float32)
+        f["label"] = numpy.ones(4, numpy.float32)
+    damaged_heap(tmp_path / "a.h5")
+    with pytest.raises(NetError, match=r"layer 'h' \(HDF5Data\): HDF5 file '.*a.h5': cannot read: Unable to "
+                                       r"synchronously check link existence \(bad local heap signature\)$"):
+        hdf5_layer(tmp_path, [tmp_path / "a.h5"])
+    with h5py.File(tmp_path / "w.caffemodel.h5", "w") as f:
+        f["data/ip/0"] = numpy.ones((1, 3), numpy.float32)
+    damaged_heap(tmp_path / "w.caffemodel.h5")
+    with pytest.raises(sio.CaffeFormatError, match=r"w.caffemodel.h5: cannot read as a Caffe HDF5 model: Unable to "
+                                                   r"synchronously check link existence \(bad local heap signature\)$"):
+        sio.read_weights(tmp_path / "w.caffemodel.h5")
+
+
 # ---------------------------------------------------------------- nothing silent
 
 def solver_with_state(folder, learned_net, weights=None):
