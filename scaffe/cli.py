@@ -559,7 +559,7 @@ def main(argv=None, program="scaffe"):
             return 2
         return int(e.code or 0)
     # NetError, SolverError and CaffeFormatError are ValueErrors or RuntimeErrors.
-    except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError) as e:
+    except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError, MemoryError) as e:
         _fail(_who(program, cmd.name), e)
     except KeyboardInterrupt:
         sys.stderr.write(f"{_who(program, cmd.name)}: interrupted\n")

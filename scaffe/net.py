@@ -264,6 +264,9 @@ class Net(Closing):
             if getattr(record.layer, "raises_own_errors", False):
                 raise
             raise NetError(self._where(lp, e)) from None
+        except MemoryError as e:
+            # A blob that passed the size checks may still not fit beside what the process holds already.
+            raise NetError(self._where(lp, f"out of memory setting it up: {e or 'MemoryError'}")) from None
 
     def _where(self, lp, err):
         msg = " ".join(str(err).split())

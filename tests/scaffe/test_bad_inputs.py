@@ -266,6 +266,24 @@ def test_a_blob_larger_than_the_memory_is_refused(monkeypatch):
                       'bottom: "data" top: "out" inner_product_param { num_output: 100000 } }')
 
 
+def test_a_layer_that_runs_out_of_memory_is_one_line_naming_it(tmp_path):
+    # 250,000,000 weights (1.9 GiB with their diff) pass the size checks on any machine this runs on, but not
+    # into an address space of 1.6 GiB. No GPU is made visible: a CUDA context reserves more than that.
+    (tmp_path / "net.prototxt").write_text('input: "data" input_shape { dim: 1 dim: 1000 } layer { name: "ip" '
+                                           'type: "InnerProduct" bottom: "data" top: "ip" '
+                                           'inner_product_param { num_output: 250000 } }')
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1600 << 20, 1600 << 20))\n"
+              "from scaffe.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "time", "--model=net.prototxt", "--minloglevel=2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(ENV, OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 1 and re.fullmatch(r"scaffe time: error: net.prototxt: layer 'ip' \(InnerProduct\): out "
+                                                 r"of memory setting it up: Unable to allocate .*\n", proc.stderr), \
+        proc.stderr
+
+
 def test_a_small_hdf5_file_declaring_gigabytes_is_read_a_batch_at_a_time(tmp_path):
     with h5py.File(tmp_path / "big.h5", "w") as f:
         f.create_dataset("data", shape=(1_000_000, 1, 28, 28), dtype=numpy.float32)  # never written: no storage
