@@ -18,7 +18,7 @@ import typing
 
 import numpy
 
-from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags
+from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags, warnings_logged
 from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger("scaffe.cli")
@@ -552,7 +552,8 @@ def main(argv=None, program="scaffe"):
     try:
         setup_logging(glog_flags, program)
         args = argv[1:] if cmd.parses_own_flags else _parser().parse_args([cmd.name] + _gflags_to_gnu(argv[1:]))
-        return int(cmd.handler(args) or 0)
+        with warnings_logged():
+            return int(cmd.handler(args) or 0)
     except SystemExit as e:  # --help, or a command line a parser refused
         if isinstance(e.code, str):
             sys.stderr.write(e.code + "\n")

@@ -88,6 +88,22 @@ def test_a_solverstate_whose_learned_net_is_not_utf8(tmp_path):
                     "the file is damaged")
 
 
+def test_infinite_weights_end_training_in_one_line_with_numpys_warnings_as_log_lines(tmp_path):
+    # Infinite weights times IP_NET's zero data: numpy warns "invalid value encountered in matmul".
+    model = caffe_pb2.NetParameter()
+    sio.set_layer_blobs(model.layer.add(name="ip"), [numpy.full((1, 3), numpy.inf, numpy.float32),
+                                                     numpy.ones(1, numpy.float32)])
+    sio.write_net_binary(model, tmp_path / "nan.caffemodel")
+    solver_with_state(tmp_path, b"")
+    line = run_scaffe(tmp_path, "train", "--solver=solver.prototxt", "--weights=nan.caffemodel")
+    assert line.startswith("scaffe train: error: solver.prototxt: iteration 0: the loss is nan (diverged)"), line
+    proc = subprocess.run([sys.executable, "-m", "scaffe", "train", "--solver=solver.prototxt",
+                           "--weights=nan.caffemodel", "--minloglevel=1"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=ENV)
+    assert re.search(r"^W\d{8} .*\] RuntimeWarning: invalid value encountered in \w+ \(\w+\.py:\d+\)$",
+                     proc.stderr, re.MULTILINE), proc.stderr
+
+
 def test_a_kernel_size_past_int_max(tmp_path):
     (tmp_path / "net.prototxt").write_text('input: "data" input_shape { dim: 1 dim: 1 dim: 8 dim: 8 } '
                                            'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
