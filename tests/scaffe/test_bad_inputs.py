@@ -158,6 +158,15 @@ def test_a_damaged_datum_met_by_a_forward_pass_names_the_layer_database_and_reco
         net.forward()
 
 
+def test_an_hdf5_list_naming_a_missing_file_is_refused_at_set_up_naming_the_list(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = numpy.ones((4, 2), numpy.float32)
+        f["label"] = numpy.ones(4, numpy.float32)
+    with pytest.raises(NetError, match=r"layer 'h' \(HDF5Data\): HDF5 list file '.*list.txt' names 'gone.h5' \(file 2 "
+                                       r"of 2\), which does not exist$"):
+        hdf5_layer(tmp_path, [tmp_path / "a.h5", "gone.h5"])
+
+
 def damaged_heap(path):
     """`path`, an HDF5 file, with the signature of its first local heap (the root group's) damaged: h5py raises
     RuntimeError looking up a name."""
