@@ -1,25 +1,27 @@
 """Reads damaged copies of one kind of input through scaffe's readers and prints what happened, one JSON line
-a mutant.
+a read.
 
 argv: KIND FOLDER MUTANT [MUTANT ...]; KIND and what FOLDER holds (tests/scaffe/test_fuzz_inputs.py writes it):
 * lmdb: records (the original's number of records); each MUTANT (an LMDB folder) is read by a Data layer of a
   net taking that many records in one batch, then scanned in full; the scan must hold as many records as the
-  database's header counts.
+  database's header counts. It is read twice: through py-lmdb, then through scaffe.data.lmdb_file, py-lmdb
+  being made to refuse it by an Environment this process holds open on it (as a pycaffe script's would).
 * caffemodel: net.prototxt; each MUTANT is copied into that net, whose weights must then equal the file's.
 * solverstate: solver.prototxt; each MUTANT is restored into that solver, whose iteration and history must
   then equal the file's.
 * hdf5: rows (the original's number of rows); each MUTANT (an .h5 file) is read by an HDF5Data layer of a net
   taking that many rows in one batch, which must equal what h5py reads from it.
 
-A line {"start": mutant} comes before each read, so a crash or a hang names the mutant. Then
-{"mutant", "error"} (the message of a CaffeFormatError, NetError or SolverError), {"mutant", "raw"} (any other
-exception) or {"mutant", "read": problem} (null when what was read is what the file holds).
+A line {"start": mutant, "reader"} comes before each read, so a crash or a hang names the mutant. Then
+{"mutant", "reader"} and "error" (the message of a CaffeFormatError, NetError or SolverError), "raw" (any
+other exception) or "read": the problem with what was read, null when it is what the file holds.
 """
 import json
 import sys
 from pathlib import Path
 
 import h5py
+import lmdb
 import numpy
 from google.protobuf.message import DecodeError
 
@@ -50,7 +52,23 @@ def lmdb_reader(folder):
             data.layer("mnist").close()
         entries = _header_entries(mutant)
         return None if scanned == entries else f"scanned {scanned} records, the header counts {entries}"
-    return read
+
+    def read_held(mutant):
+        holder = _held_open(mutant)
+        try:
+            return read(mutant)
+        finally:
+            if holder is not None:
+                holder.close()
+    return {"py-lmdb": read, "lmdb_file": read_held}
+
+
+def _held_open(path):
+    """py-lmdb's Environment on `path`, or None where py-lmdb refuses the file (scaffe must refuse it too)."""
+    try:
+        return lmdb.open(path, readonly=True, lock=False)
+    except lmdb.Error:
+        return None
 
 
 def _header_entries(mutant):
@@ -71,7 +89,7 @@ def caffemodel_reader(folder):
                 if not numpy.array_equal(held, sio.blobproto_to_array(blob).reshape(held.shape), equal_nan=True):
                     return f"layer {layer.name!r} blob {j} differs from the file's"
         return None
-    return read
+    return {"copy_trained_layers_from": read}
 
 
 def solverstate_reader(folder):
@@ -88,7 +106,7 @@ def solverstate_reader(folder):
                for h, b in zip(held, stored.history)):
             return "history differs from the file's"
         return None
-    return read
+    return {"restore": read}
 
 
 def hdf5_reader(folder):
@@ -106,7 +124,7 @@ def hdf5_reader(folder):
         if any(s.shape != g.shape or not numpy.array_equal(s, g, equal_nan=True) for s, g in zip(stored, got)):
             return "the batch differs from the file's rows"
         return None
-    return read
+    return {"HDF5Data": read}
 
 
 def _parse(path, message_class):
@@ -132,10 +150,11 @@ def outcome(read, mutant):
 
 
 def main(kind, folder, *mutants):
-    read = READERS[kind](Path(folder))
+    readers = READERS[kind](Path(folder))
     for mutant in mutants:
-        print(json.dumps({"start": mutant}), flush=True)
-        print(json.dumps({"mutant": mutant, **outcome(read, mutant)}), flush=True)
+        for reader, read in readers.items():
+            print(json.dumps({"start": mutant, "reader": reader}), flush=True)
+            print(json.dumps({"mutant": mutant, "reader": reader, **outcome(read, mutant)}), flush=True)
 
 
 if __name__ == "__main__":
