@@ -696,9 +696,10 @@ class Net(Closing):
                 if not sio.blobproto_matches_shape(blob_proto, blob.shape):
                     raise self._shape_mismatch(where, name, j, sio.blobproto_shape(blob_proto), blob)
                 try:
-                    _assign(blob.data, sio.blobproto_to_array(blob_proto, shape=blob.shape))
+                    values = sio.blobproto_to_array(blob_proto, shape=blob.shape)
                 except ValueError as e:
                     raise NetError(f"{where}: layer '{name}' blob {j}: {e}") from None
+                _load_values(blob, values, where, name, j)
             copied.add(name)
         return copied
 
@@ -720,7 +721,7 @@ class Net(Closing):
                 values = numpy.asarray(stored[j])
                 if tuple(values.shape) != blob.shape:
                     raise self._shape_mismatch(path, name, j, values.shape, blob)
-                _assign(blob.data, values)
+                _load_values(blob, values, path, name, j)
             copied.add(name)
         return copied
 
@@ -810,6 +811,16 @@ def _shape_str(shape):
 
 def _shape_string(blob):
     return _shape_str(blob.shape)
+
+
+def _load_values(blob, values, where, name, j):
+    """Copies the host array `values`, blob `j` of layer `name` in the weights `where`, into `blob`. NaN or infinite
+    values, which a sound model never holds, are said in the log: a diverged snapshot may still be loaded to look at."""
+    bad = values.size - int(numpy.count_nonzero(numpy.isfinite(values)))
+    if bad:
+        log.warning("%s: layer '%s' blob %d holds %s NaN or infinite value(s) of %s; the file may be damaged", where,
+                    name, j, f"{bad:,}", f"{values.size:,}")
+    _assign(blob.data, values)
 
 
 def _assign(dest, values):

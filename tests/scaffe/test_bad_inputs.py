@@ -100,8 +100,10 @@ def test_infinite_weights_end_training_in_one_line_with_numpys_warnings_as_log_l
     proc = subprocess.run([sys.executable, "-m", "scaffe", "train", "--solver=solver.prototxt",
                            "--weights=nan.caffemodel", "--minloglevel=1"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60, env=ENV)
-    assert re.search(r"^W\d{8} .*\] RuntimeWarning: invalid value encountered in \w+ \(\w+\.py:\d+\)$",
-                     proc.stderr, re.MULTILINE), proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if re.match(r"W\d{8} ", line)]
+    assert re.search(r"\] nan.caffemodel: layer 'ip' blob 0 holds 3 NaN or infinite value\(s\) of 3; the file may be "
+                     "damaged$", warnings[0]), proc.stderr
+    assert re.search(r"\] RuntimeWarning: invalid value encountered in \w+ \(\w+\.py:\d+\)$", warnings[1]), proc.stderr
 
 
 def test_a_kernel_size_past_int_max(tmp_path):
