@@ -17,6 +17,7 @@ import numpy
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
+from scaffe.log import get_logger
 from scaffe.preprocess import Transformer, load_image, oversample, resize_image
 from scaffe.proto import caffe_pb2
 
@@ -27,13 +28,16 @@ __all__ = [
     "write_prototxt", "read_binary_proto", "write_binary_proto",
     "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_blob_array", "read_mean_file",
     "read_solverstate", "write_solverstate",
-    "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape",
+    "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape", "warn_non_finite",
     "model_layers", "net_weights", "set_layer_blobs", "read_weights", "write_hdf5_weights", "read_hdf5_weights",
     "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file", "check_hdf5_numbers", "hdf5_errors",
     # pycaffe's caffe.io
     "array_to_datum", "datum_to_array", "arraylist_to_blobprotovector_str", "blobprotovector_str_to_arraylist",
     "Transformer", "load_image", "resize_image", "oversample",
 ]
+
+
+log = get_logger(__name__)
 
 
 class CaffeFormatError(ValueError):
@@ -297,6 +301,15 @@ def blobproto_to_array(blob, return_diff=False, shape=None):
         what = "diff" if return_diff else "data"
         raise ValueError(f"blob of shape {stored} needs {count} {what} values, the file holds {values.size}")
     return values.reshape(stored)
+
+
+def warn_non_finite(values, what):
+    """Says in the log how many of the host array `values` (`what`: the file and the blob) are NaN or infinite:
+    a sound model or solver state holds none, but a diverged snapshot may still be loaded to be looked at."""
+    bad = values.size - int(numpy.count_nonzero(numpy.isfinite(values)))
+    if bad:
+        log.warning("%s holds %s NaN or infinite value(s) of %s; the file may be damaged", what, f"{bad:,}",
+                    f"{values.size:,}")
 
 
 def _varint(n):

@@ -814,12 +814,8 @@ def _shape_string(blob):
 
 
 def _load_values(blob, values, where, name, j):
-    """Copies the host array `values`, blob `j` of layer `name` in the weights `where`, into `blob`. NaN or infinite
-    values, which a sound model never holds, are said in the log: a diverged snapshot may still be loaded to look at."""
-    bad = values.size - int(numpy.count_nonzero(numpy.isfinite(values)))
-    if bad:
-        log.warning("%s: layer '%s' blob %d holds %s NaN or infinite value(s) of %s; the file may be damaged", where,
-                    name, j, f"{bad:,}", f"{values.size:,}")
+    """Copies the host array `values`, blob `j` of layer `name` in the weights `where`, into `blob`."""
+    sio.warn_non_finite(values, f"{where}: layer '{name}' blob {j}")
     _assign(blob.data, values)
 
 

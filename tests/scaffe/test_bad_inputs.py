@@ -239,6 +239,20 @@ def test_a_solverstate_without_learned_net_resumes_from_the_solvers_weights(tmp_
     numpy.testing.assert_array_equal(solver.net.params["ip"][0].data, [[2, 2, 2]])
 
 
+def test_a_solverstate_with_infinite_history_is_said_in_the_log(tmp_path, monkeypatch, caplog):
+    from scaffe import pycaffe
+    model = caffe_pb2.NetParameter()
+    sio.set_layer_blobs(model.layer.add(name="ip"), [numpy.ones((1, 3), numpy.float32), numpy.ones(1, numpy.float32)])
+    sio.write_net_binary(model, tmp_path / "w.caffemodel")
+    solver_with_state(tmp_path, b"w.caffemodel")
+    state = sio.read_solverstate(tmp_path / "s.solverstate")
+    sio.array_to_blobproto(numpy.array([[1, numpy.inf, -numpy.inf]], numpy.float32), blob=state.history[0])
+    sio.write_solverstate(state, tmp_path / "s.solverstate")
+    monkeypatch.chdir(tmp_path)
+    pycaffe.get_solver("solver.prototxt").restore("s.solverstate")
+    assert "s.solverstate: history blob 0 holds 2 NaN or infinite value(s) of 3; the file may be damaged" in caplog.text
+
+
 @pytest.mark.parametrize("values", [numpy.array([b"a", b"b", b"c", b"d"]), numpy.ones(4, numpy.complex64),
                                     numpy.ones(4, bool)], ids=["string", "complex", "bool"])
 def test_hdf5_data_of_a_type_caffe_refuses(tmp_path, values):
