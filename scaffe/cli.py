@@ -19,7 +19,7 @@ import typing
 import numpy
 
 from scaffe.elastic.growth import EXIT_GROW, GrowRequested
-from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags
+from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags, warnings_logged
 from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger("scaffe.cli")
@@ -574,14 +574,15 @@ def main(argv=None, program="scaffe"):
     try:
         setup_logging(glog_flags, program)
         args = argv[1:] if cmd.parses_own_flags else _parser().parse_args([cmd.name] + _gflags_to_gnu(argv[1:]))
-        return int(cmd.handler(args) or 0)
+        with warnings_logged():
+            return int(cmd.handler(args) or 0)
     except SystemExit as e:  # --help, or a command line a parser refused
         if isinstance(e.code, str):
             sys.stderr.write(e.code + "\n")
             return 2
         return int(e.code or 0)
     # NetError, SolverError and CaffeFormatError are ValueErrors or RuntimeErrors.
-    except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError) as e:
+    except (CliError, ValueError, OSError, RuntimeError, KeyError, NotImplementedError, MemoryError) as e:
         _fail(_who(program, cmd.name), e)
     except KeyboardInterrupt:
         sys.stderr.write(f"{_who(program, cmd.name)}: interrupted\n")

@@ -17,6 +17,7 @@ import numpy
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
+from scaffe.log import get_logger
 from scaffe.messages import CaffeFormatError, copy_message, parse_datum
 from scaffe.preprocess import Transformer, load_image, oversample, resize_image
 from scaffe.proto import caffe_pb2
@@ -29,13 +30,16 @@ __all__ = [
     "write_prototxt", "read_binary_proto", "write_binary_proto",
     "read_net_binary", "write_net_binary", "read_blobproto", "write_blobproto", "read_blob_array", "read_mean_file",
     "read_solverstate", "write_solverstate",
-    "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape",
+    "blobproto_to_array", "array_to_blobproto", "blobproto_shape", "blobproto_matches_shape", "warn_non_finite",
     "model_layers", "net_weights", "set_layer_blobs", "read_weights", "write_hdf5_weights", "read_hdf5_weights",
-    "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file", "check_hdf5_numbers",
+    "write_hdf5_solverstate", "read_hdf5_solverstate", "is_hdf5_file", "check_hdf5_numbers", "hdf5_errors",
     # pycaffe's caffe.io
     "array_to_datum", "datum_to_array", "arraylist_to_blobprotovector_str", "blobprotovector_str_to_arraylist",
     "Transformer", "load_image", "resize_image", "oversample",
 ]
+
+
+log = get_logger(__name__)
 
 
 def to_host(array):
@@ -287,6 +291,15 @@ def blobproto_to_array(blob, return_diff=False, shape=None):
     return values.reshape(stored)
 
 
+def warn_non_finite(values, what):
+    """Says in the log how many of the host array `values` (`what`: the file and the blob) are NaN or infinite:
+    a sound model or solver state holds none, but a diverged snapshot may still be loaded to be looked at."""
+    bad = values.size - int(numpy.count_nonzero(numpy.isfinite(values)))
+    if bad:
+        log.warning("%s holds %s NaN or infinite value(s) of %s; the file may be damaged", what, f"{bad:,}",
+                    f"{values.size:,}")
+
+
 def _varint(n):
     out = bytearray()
     while True:
@@ -399,6 +412,21 @@ def _h5py():
     return h5py
 
 
+@contextlib.contextmanager
+def hdf5_errors(what):
+    """Makes what h5py raises on a damaged or wrong file (OSError, KeyError, RuntimeError, ValueError) a
+    CaffeFormatError that begins with `what` (the file, and what it is read as); a CaffeFormatError, which
+    names the file already, passes unchanged."""
+    try:
+        yield
+    except CaffeFormatError:
+        raise
+    except (OSError, KeyError, RuntimeError, ValueError) as e:
+        # A KeyError's str() quotes its message.
+        problem = e.args[0] if isinstance(e, KeyError) and e.args else e
+        raise CaffeFormatError(f"{what}: {_one_line(problem)}") from None
+
+
 def check_hdf5_numbers(dataset, path):
     """Refuses an h5py dataset of strings, complex numbers (HDF5 compounds), booleans (enums) or any type
     but floats and integers, which are all that Caffe's hdf5_load_nd_dataset reads."""
@@ -440,15 +468,12 @@ def read_hdf5_weights(path):
     file's order; a layer lacks the indices of the blobs it shares with another layer."""
     h5py = _h5py()
     path = os.fspath(path)
-    try:
+    with hdf5_errors(f"{path}: cannot read as a Caffe HDF5 model"):
         with h5py.File(path, "r") as f:
-            if not isinstance(f.get("data"), h5py.Group):
+            # Not f.get("data"): it answers None for a name it cannot look up in a damaged file.
+            if "data" not in f or not isinstance(f["data"], h5py.Group):
                 raise CaffeFormatError(f"{path}: HDF5 file has no 'data' group (not a Caffe .caffemodel.h5)")
             return {name: _numbered(g, path) for name, g in f["data"].items() if isinstance(g, h5py.Group)}
-    except CaffeFormatError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 model: {_one_line(e)}") from None
 
 
 def write_hdf5_solverstate(path, iteration, learned_net, current_step, history):
@@ -470,7 +495,7 @@ def read_hdf5_solverstate(path):
     """A SolverState message filled from an HDF5 .solverstate.h5 file."""
     h5py = _h5py()
     path = os.fspath(path)
-    try:
+    with hdf5_errors(f"{path}: cannot read as a Caffe HDF5 solver state"):
         with h5py.File(path, "r") as f:
             state = caffe_pb2.SolverState()
             state.iter = int(numpy.asarray(f["iter"][()]).reshape(-1)[0])
@@ -482,10 +507,6 @@ def read_hdf5_solverstate(path):
             for i in sorted(history):
                 array_to_blobproto(history[i], blob=state.history.add())
             return state
-    except CaffeFormatError:
-        raise
-    except (OSError, KeyError, ValueError) as e:
-        raise CaffeFormatError(f"{path}: cannot read as a Caffe HDF5 solver state: {_one_line(e)}") from None
 
 
 # ---------------------------------------------------------------- pycaffe's Datum / BlobProtoVector conversions

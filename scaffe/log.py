@@ -13,6 +13,7 @@ log_dir       a folder                  unset     also write glog's log files th
 Every message that passes minloglevel goes to stderr, as Caffe's tools set glog's alsologtostderr. glog
 writes its files to /tmp when log_dir is unset; scaffe writes files only where log_dir asks for them.
 """
+import contextlib
 import getpass
 import logging
 import os
@@ -20,6 +21,7 @@ import socket
 import sys
 import time
 import typing
+import warnings
 
 import numpy
 
@@ -178,6 +180,20 @@ def setup_logging(flags=None, program="scaffe", stream=None):
     # Messages stop here: a root handler set up by an application would print them twice.
     logger.propagate = False
     return logger
+
+
+@contextlib.contextmanager
+def warnings_logged():
+    """Python's warnings (numpy's "invalid value encountered in matmul" on a NaN weight, say) as glog WARNING
+    lines while inside, so that a command's stderr holds glog lines and at most its one error line."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _log_warning
+        yield
+
+
+def _log_warning(message, category, filename, lineno, file=None, line=None):
+    get_logger("scaffe.warnings").warning("%s: %s (%s:%d)", category.__name__, message, os.path.basename(filename),
+                                          lineno)
 
 
 def quiet_below(level):

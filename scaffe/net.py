@@ -269,6 +269,9 @@ class Net(Closing):
             if getattr(record.layer, "raises_own_errors", False):
                 raise
             raise NetError(self._where(lp, e)) from None
+        except MemoryError as e:
+            # A blob that passed the size checks may still not fit beside what the process holds already.
+            raise NetError(self._where(lp, f"out of memory setting it up: {e or 'MemoryError'}")) from None
 
     def _where(self, lp, err):
         msg = " ".join(str(err).split())
@@ -702,9 +705,10 @@ class Net(Closing):
                 if not sio.blobproto_matches_shape(blob_proto, blob.shape):
                     raise self._shape_mismatch(where, name, j, sio.blobproto_shape(blob_proto), blob)
                 try:
-                    _assign(blob.data, sio.blobproto_to_array(blob_proto, shape=blob.shape))
+                    values = sio.blobproto_to_array(blob_proto, shape=blob.shape)
                 except ValueError as e:
                     raise NetError(f"{where}: layer '{name}' blob {j}: {e}") from None
+                _load_values(blob, values, where, name, j)
             copied.add(name)
         return copied
 
@@ -726,7 +730,7 @@ class Net(Closing):
                 values = numpy.asarray(stored[j])
                 if tuple(values.shape) != blob.shape:
                     raise self._shape_mismatch(path, name, j, values.shape, blob)
-                _assign(blob.data, values)
+                _load_values(blob, values, path, name, j)
             copied.add(name)
         return copied
 
@@ -816,6 +820,12 @@ def _shape_str(shape):
 
 def _shape_string(blob):
     return _shape_str(blob.shape)
+
+
+def _load_values(blob, values, where, name, j):
+    """Copies the host array `values`, blob `j` of layer `name` in the weights `where`, into `blob`."""
+    sio.warn_non_finite(values, f"{where}: layer '{name}' blob {j}")
+    _assign(blob.data, values)
 
 
 def _assign(dest, values):

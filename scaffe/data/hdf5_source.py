@@ -12,7 +12,7 @@ import os
 import numpy
 
 from scaffe.data.sharding import ShardSpec
-from scaffe.io import CaffeFormatError, check_hdf5_numbers
+from scaffe.io import CaffeFormatError, check_hdf5_numbers, hdf5_errors
 
 __all__ = ["HDF5Source", "read_source_list"]
 
@@ -60,12 +60,11 @@ class HDF5Source:
             raise FileNotFoundError(f"HDF5 file {path!r} (listed in the source list) does not exist")
         if self._file is not None:
             self._file.close()
-        try:
+        with hdf5_errors(f"HDF5 file {path!r}: cannot open"):
             self._file = h5py.File(path, "r")
-        except OSError as e:
-            raise CaffeFormatError(f"HDF5 file {path!r}: cannot open: {' '.join(str(e).split())}") from None
         self.path = path
-        self.data = [self._dataset(name) for name in self.dataset_names]
+        with hdf5_errors(f"HDF5 file {path!r}: cannot read"):
+            self.data = [self._dataset(name) for name in self.dataset_names]
         rows = self.data[0].shape[0]
         for name, dataset in zip(self.dataset_names, self.data):
             if dataset.shape[0] != rows:
@@ -127,11 +126,8 @@ class HDF5Source:
     def _read_rows(self, dataset, rows):
         # h5py reads a selection of increasing, distinct rows in one call.
         distinct, back = numpy.unique(rows, return_inverse=True)
-        try:
+        with hdf5_errors(f"HDF5 file {self.path!r}: cannot read dataset {dataset.name!r}"):
             return numpy.asarray(dataset[distinct], dtype=numpy.float32)[back]
-        except OSError as e:
-            raise CaffeFormatError(f"HDF5 file {self.path!r}: cannot read dataset {dataset.name!r}: "
-                                   f"{' '.join(str(e).split())}") from None
 
     def next_batch(self, batch_size):
         """One float32 array per dataset, each (batch_size,) + row shape."""

@@ -173,7 +173,11 @@ class DataLayer(Layer):
         try:
             batch = self._prefetcher.next()
         except PrefetchError as e:
-            raise RuntimeError(f"layer {self.name!r} (Data) reading {self.source!r}: {e.__cause__ or e}") from e
+            where = f"layer {self.name!r} (Data) reading {self.source!r}"
+            # A damaged record or database is the data's fault, told as every reader tells it.
+            if isinstance(e.__cause__, (OSError, ValueError)):
+                raise reading_error(where, e.__cause__) from None
+            raise RuntimeError(f"{where}: {e.__cause__ or e}") from e
         self.delivered += 1
         self._random_now = self._random_after.popleft()
         if self._uploader is not None:

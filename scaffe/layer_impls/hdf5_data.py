@@ -34,6 +34,11 @@ class HDF5DataLayer(Layer):
             raise reading_error(where, e) from None
         folder = os.path.dirname(os.path.abspath(self.list_path))
         self.files = [f if os.path.exists(f) or os.path.isabs(f) else os.path.join(folder, f) for f in names]
+        # All of them now, naming the list, rather than the first missing one when its turn comes, hours in.
+        missing = next((i for i, f in enumerate(self.files) if not os.path.isfile(f)), None)
+        if missing is not None:
+            raise FileNotFoundError(f"{where}: HDF5 list file {self.list_path!r} names {names[missing]!r} (file "
+                                    f"{missing + 1} of {len(names)}), which does not exist")
         self.dataset_names = list(self.param.top)
         try:
             # A first, unsharded look at the first file gives the top shapes; the real reader is

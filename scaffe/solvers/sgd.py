@@ -260,6 +260,7 @@ class SGDSolver(Solver):
                 values = sio.blobproto_to_array(stored, shape=target.shape)
             except ValueError as e:
                 raise SolverError(f"{state_file}: history blob {i}: {e}") from None
+            sio.warn_non_finite(values, f"{state_file}: history blob {i}")
             if isinstance(target, numpy.ndarray):
                 target[...] = values
             else:

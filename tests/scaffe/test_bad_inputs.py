@@ -88,6 +88,24 @@ def test_a_solverstate_whose_learned_net_is_not_utf8(tmp_path):
                     "the file is damaged")
 
 
+def test_infinite_weights_end_training_in_one_line_with_numpys_warnings_as_log_lines(tmp_path):
+    # Infinite weights times IP_NET's zero data: numpy warns "invalid value encountered in matmul".
+    model = caffe_pb2.NetParameter()
+    sio.set_layer_blobs(model.layer.add(name="ip"), [numpy.full((1, 3), numpy.inf, numpy.float32),
+                                                     numpy.ones(1, numpy.float32)])
+    sio.write_net_binary(model, tmp_path / "nan.caffemodel")
+    solver_with_state(tmp_path, b"")
+    line = run_scaffe(tmp_path, "train", "--solver=solver.prototxt", "--weights=nan.caffemodel")
+    assert line.startswith("scaffe train: error: solver.prototxt: iteration 0: the loss is nan (diverged)"), line
+    proc = subprocess.run([sys.executable, "-m", "scaffe", "train", "--solver=solver.prototxt",
+                           "--weights=nan.caffemodel", "--minloglevel=1"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=ENV)
+    warnings = [line for line in proc.stderr.splitlines() if re.match(r"W\d{8} ", line)]
+    assert re.search(r"\] nan.caffemodel: layer 'ip' blob 0 holds 3 NaN or infinite value\(s\) of 3; the file may be "
+                     "damaged$", warnings[0]), proc.stderr
+    assert re.search(r"\] RuntimeWarning: invalid value encountered in \w+ \(\w+\.py:\d+\)$", warnings[1]), proc.stderr
+
+
 def test_a_kernel_size_past_int_max(tmp_path):
     (tmp_path / "net.prototxt").write_text('input: "data" input_shape { dim: 1 dim: 1 dim: 8 dim: 8 } '
                                            'layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
@@ -133,6 +151,49 @@ def test_an_hdf5_data_file_that_is_no_hdf5_names_the_file(tmp_path):
         hdf5_layer(tmp_path, [tmp_path / "a.h5"])
 
 
+def test_a_damaged_datum_met_by_a_forward_pass_names_the_layer_database_and_record(tmp_path):
+    write_lmdb(tmp_path / "db", [SAMPLE, DAMAGED, SAMPLE])
+    net = net_from_text(f'layer {{ name: "d" type: "Data" top: "data" data_param {{ source: "{tmp_path / "db"}" '
+                        'batch_size: 3 backend: LMDB } }')
+    with pytest.raises(sio.CaffeFormatError, match=rf"^layer 'd' \(Data\) reading '{tmp_path / 'db'}': record "
+                                                   r"'00000001': not a Caffe Datum \(Error parsing"):
+        net.forward()
+
+
+def test_an_hdf5_list_naming_a_missing_file_is_refused_at_set_up_naming_the_list(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = numpy.ones((4, 2), numpy.float32)
+        f["label"] = numpy.ones(4, numpy.float32)
+    with pytest.raises(NetError, match=r"layer 'h' \(HDF5Data\): HDF5 list file '.*list.txt' names 'gone.h5' \(file 2 "
+                                       r"of 2\), which does not exist$"):
+        hdf5_layer(tmp_path, [tmp_path / "a.h5", "gone.h5"])
+
+
+def damaged_heap(path):
+    """`path`, an HDF5 file, with the signature of its first local heap (the root group's) damaged: h5py raises
+    RuntimeError looking up a name."""
+    data = path.read_bytes()
+    assert b"HEAP" in data
+    path.write_bytes(data.replace(b"HEAP", b"XXXX", 1))
+    return path
+
+
+def test_hdf5_files_whose_structure_is_damaged_name_the_file(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = numpy.ones((4, 2), numpy.float32)
+        f["label"] = numpy.ones(4, numpy.float32)
+    damaged_heap(tmp_path / "a.h5")
+    with pytest.raises(NetError, match=r"layer 'h' \(HDF5Data\): HDF5 file '.*a.h5': cannot read: Unable to "
+                                       r"synchronously check link existence \(bad local heap signature\)$"):
+        hdf5_layer(tmp_path, [tmp_path / "a.h5"])
+    with h5py.File(tmp_path / "w.caffemodel.h5", "w") as f:
+        f["data/ip/0"] = numpy.ones((1, 3), numpy.float32)
+    damaged_heap(tmp_path / "w.caffemodel.h5")
+    with pytest.raises(sio.CaffeFormatError, match=r"w.caffemodel.h5: cannot read as a Caffe HDF5 model: Unable to "
+                                                   r"synchronously check link existence \(bad local heap signature\)$"):
+        sio.read_weights(tmp_path / "w.caffemodel.h5")
+
+
 # ---------------------------------------------------------------- nothing silent
 
 def solver_with_state(folder, learned_net, weights=None):
@@ -176,6 +237,20 @@ def test_a_solverstate_without_learned_net_resumes_from_the_solvers_weights(tmp_
     solver.restore("s.solverstate")
     assert solver.iter == 500 and "names no learned_net; the weights given to the solver stand" in caplog.text
     numpy.testing.assert_array_equal(solver.net.params["ip"][0].data, [[2, 2, 2]])
+
+
+def test_a_solverstate_with_infinite_history_is_said_in_the_log(tmp_path, monkeypatch, caplog):
+    from scaffe import pycaffe
+    model = caffe_pb2.NetParameter()
+    sio.set_layer_blobs(model.layer.add(name="ip"), [numpy.ones((1, 3), numpy.float32), numpy.ones(1, numpy.float32)])
+    sio.write_net_binary(model, tmp_path / "w.caffemodel")
+    solver_with_state(tmp_path, b"w.caffemodel")
+    state = sio.read_solverstate(tmp_path / "s.solverstate")
+    sio.array_to_blobproto(numpy.array([[1, numpy.inf, -numpy.inf]], numpy.float32), blob=state.history[0])
+    sio.write_solverstate(state, tmp_path / "s.solverstate")
+    monkeypatch.chdir(tmp_path)
+    pycaffe.get_solver("solver.prototxt").restore("s.solverstate")
+    assert "s.solverstate: history blob 0 holds 2 NaN or infinite value(s) of 3; the file may be damaged" in caplog.text
 
 
 @pytest.mark.parametrize("values", [numpy.array([b"a", b"b", b"c", b"d"]), numpy.ones(4, numpy.complex64),
@@ -230,6 +305,24 @@ def test_a_blob_larger_than_the_memory_is_refused(monkeypatch):
                                        r"\(data and diff\), more than the 1.0 GiB of memory this machine has"):
         net_from_text('input: "data" input_shape { dim: 1 dim: 3000 } layer { name: "ip" type: "InnerProduct" '
                       'bottom: "data" top: "out" inner_product_param { num_output: 100000 } }')
+
+
+def test_a_layer_that_runs_out_of_memory_is_one_line_naming_it(tmp_path):
+    # 250,000,000 weights (1.9 GiB with their diff) pass the size checks on any machine this runs on, but not
+    # into an address space of 1.6 GiB. No GPU is made visible: a CUDA context reserves more than that.
+    (tmp_path / "net.prototxt").write_text('input: "data" input_shape { dim: 1 dim: 1000 } layer { name: "ip" '
+                                           'type: "InnerProduct" bottom: "data" top: "ip" '
+                                           'inner_product_param { num_output: 250000 } }')
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (1600 << 20, 1600 << 20))\n"
+              "from scaffe.cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "time", "--model=net.prototxt", "--minloglevel=2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=dict(ENV, OPENBLAS_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
+    assert proc.returncode == 1 and re.fullmatch(r"scaffe time: error: net.prototxt: layer 'ip' \(InnerProduct\): out "
+                                                 r"of memory setting it up: Unable to allocate .*\n", proc.stderr), \
+        proc.stderr
 
 
 def test_a_small_hdf5_file_declaring_gigabytes_is_read_a_batch_at_a_time(tmp_path):

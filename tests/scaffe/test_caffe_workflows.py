@@ -54,7 +54,7 @@ def test_a_later_non_datum_record_names_its_key(tmp_path):
     net = data_net(source)
     try:
         net.forward()  # records 0..3
-        with pytest.raises(RuntimeError, match=r"'.*db'.*record '00000005': not a Caffe Datum"):
+        with pytest.raises(sio.CaffeFormatError, match=r"'.*db'.*record '00000005': not a Caffe Datum"):
             net.forward()
     finally:
         net.close()
@@ -90,8 +90,8 @@ def test_a_later_record_of_another_size_names_its_key(tmp_path):
     try:
         assert net.blobs["data"].shape == (4, 1, 4, 4)
         net.forward()
-        with pytest.raises(RuntimeError, match=r"record '00000006': sample of shape \(1, 5, 5\) in a batch "
-                                               r"whose first sample has shape \(1, 4, 4\)"):
+        with pytest.raises(sio.CaffeFormatError, match=r"record '00000006': sample of shape \(1, 5, 5\) in a "
+                                                       r"batch whose first sample has shape \(1, 4, 4\)"):
             net.forward()
     finally:
         net.close()
