@@ -14,6 +14,7 @@ import pytest
 from scaffe.cli import main
 from scaffe.elastic.hosts import Host, HostListError, HostSource, parse_hosts
 from scaffe.elastic.launchers import KilledRanks, Launcher, launcher_kind
+from scaffe.elastic.settings import DEFAULT_COMMIT_ITERS
 from scaffe.elastic.supervisor import (ElasticError, _flag_value, _without_flags, newest_commit,
                                        parse_command_line, parse_commit_lines)
 
@@ -70,7 +71,7 @@ def test_a_failed_job_restarts_from_the_newest_commit_on_the_hosts_that_answer(t
     first, second = bed.trainings()
     assert (first["hosts"], first["ranks"]) == ("h1:1,h2:1,h3:1", 3)
     assert first["program"] == ["env", "SCAFFE_JOB_ID=job", f"SCAFFE_COMMIT_DIR={bed.commit_dir}",
-                                "SCAFFE_COMMIT_ITERS=50", "scaffe", "train", f"--solver={bed.solver}",
+                                f"SCAFFE_COMMIT_ITERS={DEFAULT_COMMIT_ITERS}", "scaffe", "train", f"--solver={bed.solver}",
                                 "--weights=start.caffemodel"]
     assert (second["hosts"], second["ranks"]) == ("h3:1,h1:1", 2)
     # The commit holds the weights: --weights gives way to --resume-commit.
@@ -275,8 +276,8 @@ def test_spread_copies_a_commit_from_rank_0_to_the_other_ranks(tmp_path):
     """scaffe.elastic.spread under mpiexec, rank 1 writing to another folder (as if on another host): the same
     bytes, and the folder appears only complete (no temporary left)."""
     source = tmp_path / "h1" / "iter_000000040"
-    (source / "ranks").mkdir(parents=True)
-    contents = {"commit.json": b'{"iter": 40}', "ranks/0.npz": bytes(range(256)) * 1000, "empty": b""}
+    source.mkdir(parents=True)
+    contents = {"commit.json": b'{"iter": 40}', "ranks.json": bytes(range(256)) * 1000, "empty": b""}
     for name, data in contents.items():
         (source / name).write_bytes(data)
     dest = tmp_path / "h2" / "iter_000000040"
