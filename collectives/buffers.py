@@ -3,7 +3,7 @@
 `parse(arg)` turns what a user may pass to an mpi4py collective into a `Buffer`: a flat numpy view
 of exactly the elements MPI would touch, plus what is needed to fall back to the wrapped
 communicator when we cannot handle it (derived datatypes, unknown type codes). Device buffers
-(collectives.device) become a flat device view instead, which the caller stages through host memory.
+(collectives.devices.memory) become a flat device view instead, which the caller stages through host memory.
 
 A device buffer's `__cuda_array_interface__` may name the stream its producer's work was queued on. numba
 would synchronise that stream on the host when it makes the view (`as_cuda_array`'s default); the view is
@@ -13,7 +13,7 @@ which the call is then ordered after on the device.
 import numpy
 from mpi4py import MPI
 
-from collectives import device
+from collectives.devices import memory
 from collectives.errors import CollectiveError
 
 
@@ -64,7 +64,7 @@ def _host_array(obj, what, typed):
     if isinstance(obj, numpy.ndarray):
         return obj
     if hasattr(obj, "__cuda_array_interface__"):
-        return device.host_view(obj, what)
+        return memory.host_view(obj, what)
     try:
         return numpy.asarray(memoryview(obj))
     except TypeError:
@@ -94,14 +94,14 @@ def _element_range(length, count, displ, what):
 
 
 def _device_buffer(arg, obj, datatype, count, displ, what):
-    flat = device.flat_device_view(obj, what)
+    flat = memory.flat_device_view(obj, what)
     if datatype is not None and _dtype_of(datatype) != numpy.dtype(flat.dtype):
         raise CollectiveError(f"{what}: a device buffer of {numpy.dtype(flat.dtype)} cannot be read as "
                               f"{_datatype_name(datatype)}; pass a device array of the matching dtype")
     start, stop = _element_range(flat.size, count, displ, what)
     interface = getattr(obj, "__cuda_array_interface__", None)
     stream = None if interface is None else interface.get("stream")
-    return Buffer(None, arg, flat[start:stop], device.is_read_only(obj), stream)
+    return Buffer(None, arg, flat[start:stop], memory.is_read_only(obj), stream)
 
 
 def named_stream(send, recv):
@@ -149,7 +149,7 @@ def parse(arg, what="buffer"):
         return None
     if arg is MPI.BOTTOM:
         return Buffer(None, arg)  # needs a datatype: the wrapped MPI says so
-    if device.is_device_buffer(arg):
+    if memory.is_device_buffer(arg):
         return _device_buffer(arg, arg, None, None, None, what)
     host = _host_array(arg, what, typed=False)
     return Buffer(None, arg) if host is None else Buffer(_flat_view(host, what), arg)
@@ -160,7 +160,7 @@ def _parse_spec(arg, what):
     obj, count, displ, datatype = _split_spec(arg, what)
     if obj is None or obj is MPI.BOTTOM:
         return Buffer(None, arg)  # absolute addresses in the datatype: the wrapped MPI handles them
-    if device.is_device_buffer(obj):
+    if memory.is_device_buffer(obj):
         return _device_buffer(arg, obj, datatype, count, displ, what)
     host = _host_array(obj, what, typed=datatype is not None)
     if host is None:

@@ -7,7 +7,7 @@ class Call:
     `send` is None for a Bcast (its buffer is `recv`), `recv` None on a Reduce rank that receives
     nothing. `staging` is set when device buffers stand behind the host views; `computed` is False when
     only native MPI can do the work (which, staged, it does on the host views rather than the user's buffers).
-    `device` is set when send and recv are device views that collectives.algorithms.device reduces directly;
+    `device` is set when send and recv are device views that collectives.devices.direct reduces directly;
     `stream` is then the stream their exporters name (collectives.buffers.named_stream), else None.
     """
 

@@ -13,10 +13,10 @@ from mpi4py import MPI
 
 from collectives import algorithms, settings, stall
 from collectives.algorithms.pipeline import ScratchPool
-from collectives.device import PinnedPool
+from collectives.devices.memory import PinnedPool
 from collectives.errors import install_abort_hook
 from collectives.events import Name
-from collectives.intranode.ipc import NodeIpc
+from collectives.devices.ipc import NodeIpc
 from collectives.intranode.shm import SharedWindows
 from collectives.planning import Lane
 from collectives.progress import Progress
@@ -72,7 +72,7 @@ class Comm(MPI.Intracomm):
         self.pinned = PinnedPool()
         device_path = self._device_path or settings.device_path()
         self.device_ipc = NodeIpc(node_comm) if device_path == "direct" else None
-        self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (algorithms.device_nodes)
+        self.device_pipelines = {}  # Device -> the leaders' pipeline buffers (devices.nodes)
         self.check = settings.check()
         self.forced = settings.reduce_algo(algorithms.names())
         # Where the table picks a host algorithm, it is timed against native MPI first (plans.Trial), unless

@@ -8,7 +8,7 @@ import socket
 from mpi4py import MPI
 
 from collectives import algorithms, settings
-from collectives.algorithms.device_pipeline import cuda_aware
+from collectives.devices.pipeline import cuda_aware
 from collectives.comm import Comm
 
 

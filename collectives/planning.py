@@ -8,16 +8,16 @@ can fail are made inline (`_quick`).
 
 Every rank must take the same path, or their messages never match: `_choose` decides it from what all
 ranks of a correct call share (kind, size, dtype, op, the communicator's settings and topology) and
-from where the buffers live, on which every rank of a node must agree (collectives.algorithms.device).
+from where the buffers live, on which every rank of a node must agree (collectives.devices.direct).
 """
 import numpy
 from mpi4py import MPI
 
 from collectives import algorithms
-from collectives.algorithms import device as device_algorithm
+from collectives.devices import direct as device_algorithm
 from collectives.buffers import named_stream, parse, writable
 from collectives.call import Call
-from collectives.device import Staging, synchronize
+from collectives.devices.memory import Staging, synchronize
 from collectives.errors import CollectiveError, MismatchError
 from collectives.events import reported
 from collectives.ops import computes, native_reduces, op_name, supports

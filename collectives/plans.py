@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from collectives import devices, waiting
 from collectives.call import Call
-from collectives.device import synchronize
+from collectives.devices.memory import synchronize
 from collectives.events import listeners, reported, with_label
 
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
@@ -248,7 +248,7 @@ def call_args(call):
 
 
 class DevicePlan(Plan):
-    """This rank's part of a call on device buffers inside a node (a collectives.intranode.ipc LocalCall),
+    """This rank's part of a call on device buffers inside a node (a collectives.devices.ipc LocalCall),
     started again by every call on the same objects. The plan holds them weakly, where they allow it, so
     that it neither keeps them alive nor mistakes a new object for them; only kinds of device arrays whose
     memory an object keeps for its whole life get one that is kept. `named` is the stream their

@@ -3,7 +3,7 @@
 A `Device` is one accelerator as one process sees it: memory it can export to the other processes of the
 node and open from them (CUDA IPC), asynchronous copies and the fused K-input reduce on ordered streams,
 and events, which other processes can open too, to order their streams after this one's work. The
-collectives' device algorithms (collectives.intranode.ipc) are written against this interface only;
+collectives' device algorithms (collectives.devices.ipc) are written against this interface only;
 collectives.devices.cuda implements it with cupy, and a CPU stand-in with truly asynchronous streams
 implements it for the tests (tests/stand_ins/), so the algorithms and their synchronisation run in CI.
 
@@ -14,7 +14,13 @@ looks inside them.
 Which implementation serves a view is looked up by the view's type (`device_for`). numba's device
 arrays, which is what collectives.buffers makes of every CUDA buffer, are served by the cupy
 implementation when cupy is installed; other kinds of device memory register themselves with
-`register`. A view without an implementation takes the staged path (collectives.device).
+`register`. A view without an implementation takes the staged path (collectives.devices.memory).
+
+Every piece of the collectives' device code lives in this package: `driver` (the CUDA driver's calls),
+`memory` (telling device buffers from host ones, viewing and staging them), `cuda` (this interface on
+cupy), `peers` (the registration cache of other processes' memory), `ipc` (the node's protocol and its
+fused kernel's launch), `direct` (which calls take the device path), `nodes` and `pipeline` (the path
+across nodes: the node stage, then the leaders' chunked pipeline).
 """
 import contextlib
 import functools
@@ -158,7 +164,7 @@ def _built_in(type_name):
 
 def find_registered(obj):
     """The `register`ed view type that `obj` is an instance of, or None (the built-in ones are not:
-    collectives.device knows numba's device arrays)."""
+    collectives.devices.memory knows numba's device arrays)."""
     for view_type in _registry:
         if isinstance(obj, view_type):
             return view_type

@@ -1,6 +1,6 @@
 """The device interface on CUDA, through cupy: IPC memory handles, streams, events, and the fused reduce
 (kernels._reduce_raw), compiled by cupy once per (op, dtype, inputs, outputs) and launched through the
-driver with its arguments packed once (collectives.cuda_driver.Launch).
+driver with its arguments packed once (collectives.driver.Launch).
 
 Streams are cupy Stream objects (the caller's own, or an ExternalStream around a handle it passed);
 events are raw cudaEvent_t handles, created without timing (cheaper to record and wait on). Every call
@@ -11,7 +11,7 @@ import hashlib
 
 import numpy
 
-from collectives import cuda_driver
+from collectives.devices import driver
 from collectives.devices import Device
 from collectives.errors import CollectiveError
 
@@ -32,7 +32,7 @@ def device_for(view):
         import cupy  # noqa: F401
     except ImportError:
         return None
-    ordinal = cuda_driver.allocation(_pointer(view))[3]
+    ordinal = driver.allocation(_pointer(view))[3]
     device = _devices.get(ordinal)
     if device is None:
         device = _devices[ordinal] = CudaDevice(ordinal)
@@ -74,7 +74,7 @@ class CudaDevice(Device):
 
     def export(self, view):
         pointer = _pointer(view)
-        start, size, buffer_id, _, capable = cuda_driver.allocation(pointer)
+        start, size, buffer_id, _, capable = driver.allocation(pointer)
         if not capable:
             raise CollectiveError(f"device buffer at {pointer:#x} cannot be shared through CUDA IPC (memory from "
                                   "cudaMallocAsync pools cannot); allocate it with cudaMalloc (cupy's default "
@@ -144,16 +144,16 @@ class CudaDevice(Device):
         arguments = [ctypes.c_uint64(_pointer(view)) for view in (*inputs, *outputs)] + [ctypes.c_int64(count)]
         with self._device:
             function = kernel.kernel.ptr  # compiled and loaded for this device on first use
-        launch = cuda_driver.Launch(function, blocks(count), THREADS, arguments)
+        launch = driver.Launch(function, blocks(count), THREADS, arguments)
         return lambda stream: launch(stream.ptr)
 
     def synchronize_stream(self, stream):
-        cuda_driver.synchronize_stream(stream.ptr)
+        driver.synchronize_stream(stream.ptr)
 
     def idle(self, stream):
         # Only a non-blocking stream's query covers all an event recorded on it would wait for: the legacy
         # default stream's and a blocking stream's would leave out the work they are ordered after.
-        return stream.ptr not in _DEFAULT_STREAMS and cuda_driver.non_blocking(stream.ptr) and stream.done
+        return stream.ptr not in _DEFAULT_STREAMS and driver.non_blocking(stream.ptr) and stream.done
 
     # -- events -------------------------------------------------------------------------------------
     def new_event(self):

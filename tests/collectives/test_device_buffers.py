@@ -7,7 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from collectives.buffers import Buffer, parse, writable
-from collectives.device import PinnedPool, Staging, is_read_only, is_device_buffer
+from collectives.devices.memory import PinnedPool, Staging, is_read_only, is_device_buffer
 from collectives.errors import CollectiveError
 from kernels.numba_cuda import cuda
 
@@ -121,7 +121,7 @@ def test_a_named_stream_is_not_waited_for_but_becomes_the_callers(monkeypatch):
     """numba's as_cuda_array would block the host on the named stream (sync=True, its default); the view is
     made without that wait (on a GPU numba keeps the stream as the view's, and staged copies go there), and
     the Buffer carries the handle for the call."""
-    import collectives.device
+    import collectives.devices.memory
     import kernels.numba_cuda as numba_cuda
     late = LateStream(seed=3)
     asked = []
@@ -130,7 +130,7 @@ def test_a_named_stream_is_not_waited_for_but_becomes_the_callers(monkeypatch):
         asked.append(sync)
         return StreamedArray(obj.host, stream=late)
 
-    monkeypatch.setattr(collectives.device.cuda_driver, "is_device_memory", lambda pointer: True)
+    monkeypatch.setattr(collectives.devices.memory.driver, "is_device_memory", lambda pointer: True)
     monkeypatch.setattr(numba_cuda, "SIMULATED", False)
     monkeypatch.setattr(numba_cuda.cuda, "as_cuda_array", as_cuda_array, raising=False)
     exported = Exported(numpy.arange(8, dtype=numpy.float32), stream=0x5150)

@@ -1,4 +1,4 @@
-"""Device buffers on the direct path (collectives.intranode.ipc) across MPI processes, on the CPU stand-in
+"""Device buffers on the direct path (collectives.devices.ipc) across MPI processes, on the CPU stand-in
 device, against numpy, exactly (workers/device_ipc.py); a planted missing wait must be caught; two
 communicators' threads share a process's registration cache; failures reach every rank; and the pieces
 that need no MPI job: the stand-in itself, the registration cache, slices and owners.
@@ -9,7 +9,7 @@ import numpy
 import pytest
 
 from collectives.devices.peers import PeerMemory
-from collectives.intranode import ipc
+from collectives.devices import ipc
 from kernels import _reduce_raw
 from kernels.cuda_sources import CudaSource
 from collectives.ops import supports

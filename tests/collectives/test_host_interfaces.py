@@ -9,9 +9,9 @@ import numpy
 import pytest
 from mpi4py import MPI
 
-from collectives import cuda_driver
+from collectives.devices import driver
 from collectives.buffers import parse, writable
-from collectives.device import is_device_buffer
+from collectives.devices.memory import is_device_buffer
 from collectives.errors import CollectiveError
 from mpi_harness import run_ok
 from workers.worker_util import DLPackArray, HostInterfaceArray
@@ -20,7 +20,7 @@ from workers.worker_util import DLPackArray, HostInterfaceArray
 def test_host_pointer_behind_the_cuda_interface_is_a_host_view():
     data = numpy.arange(10, dtype=numpy.float32)
     fake = HostInterfaceArray(data)
-    assert not cuda_driver.available() or not cuda_driver.is_device_memory(data.ctypes.data)
+    assert not driver.available() or not driver.is_device_memory(data.ctypes.data)
     assert not is_device_buffer(fake)
     view = parse(fake, "recvbuf")
     assert view.device is None and view.array.dtype == numpy.float32

@@ -161,7 +161,7 @@ class DeviceArray:
         """The contents right now, whatever is still queued: what a test checks a result with."""
         return self.memory.copy()
 
-    # numba's DeviceNDArray calls, which the staged path (collectives.device.Staging) makes
+    # numba's DeviceNDArray calls, which the staged path (collectives.devices.memory.Staging) makes
     def copy_to_host(self, ary=None, stream=0):
         data = self.read()
         if ary is None:

@@ -1,6 +1,6 @@
 """Device calls that fail on one rank end with the same one-line error on every local rank, promptly, never
 with one rank waiting forever, and no rank's kernel touches the buffers of a rank that has left the call
-(collectives.intranode.ipc), on the CPU stand-in device.
+(collectives.devices.ipc), on the CPU stand-in device.
 
     mpiexec -n 2 python device_errors.py --mode export|open|launch|sync|mixed
     mpiexec -n 3 python device_errors.py --mode late     (with SCAFFE_STALL_S=4)

@@ -1,5 +1,5 @@
 """Device-buffer Reduce, Allreduce and Bcast on the CPU stand-in device (tests/stand_ins/cpu_device.py),
-against numpy, exactly: the direct path (collectives.intranode.ipc) with its synchronisation.
+against numpy, exactly: the direct path (collectives.devices.ipc) with its synchronisation.
 
 Every (op, dtype) pair MPI defines runs as a Reduce and an Allreduce, every dtype as a Bcast; size, root,
 in-place, blocking or I* and the caller's stream (its own or the default) rotate over the cases. Each
@@ -86,7 +86,7 @@ class CupyMemory:
 
     def __init__(self, local_rank):
         import cupy
-        from collectives.device import is_device_buffer
+        from collectives.devices.memory import is_device_buffer
         self.cupy = cupy
         cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
         if not is_device_buffer(cupy.empty(1)):

@@ -1,4 +1,4 @@
-"""The leaders' device pipeline (collectives.algorithms.device_pipeline) on its own, on the CPU stand-in device.
+"""The leaders' device pipeline (collectives.devices.pipeline) on its own, on the CPU stand-in device.
 
     mpiexec -n 4 python device_pipeline.py STAGING PLANT
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy
 
-from collectives.algorithms import chain, device_pipeline, tree
+from collectives.algorithms import chain, tree
+from collectives.devices import pipeline as device_pipeline
 from worker_util import OPS, Worker, contribution, expected_reduction, valid
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "stand_ins"))

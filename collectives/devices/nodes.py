@@ -1,5 +1,5 @@
-"""Device buffers across nodes: the node's stage through IPC (collectives.intranode.ipc), then the leaders'
-chunked pipeline (collectives.algorithms.device_pipeline), in the two levels of the hierarchical path.
+"""Device buffers across nodes: the node's stage through IPC (collectives.devices.ipc), then the leaders'
+chunked pipeline (collectives.devices.pipeline), in the two levels of the hierarchical path.
 
 Reduce: every node reduces to its head (the root on the root's node, else local rank 0), then the heads
 reduce along a tree into the root. Allreduce: every node reduces to local rank 0, the leaders reduce and
@@ -8,7 +8,8 @@ then every node from its head. The node stages record their marks on the caller'
 made (as every device call does); the leaders' stage of a Bcast, which reads the caller's buffer before any
 node stage, waits for a mark of its own.
 """
-from collectives.algorithms import device_pipeline, hierarchical
+from collectives.algorithms import hierarchical
+from collectives.devices import pipeline
 
 
 def start(comm, call, stream):
@@ -20,7 +21,7 @@ def _scratch(comm, device):
     """The leaders' pipeline buffers on `device` (made on the ranks that lead a node in some call)."""
     scratch = comm.device_pipelines.get(device)
     if scratch is None:
-        scratch = comm.device_pipelines[device] = device_pipeline.Scratch(device)
+        scratch = comm.device_pipelines[device] = pipeline.Scratch(device)
     return scratch
 
 
@@ -44,7 +45,7 @@ def _reduce(comm, call, stream):
         heads = topo.heads_comm(root)  # collective on first use: every rank asks
         if heads is not None:
             parent, children = _tree(heads, call.nbytes, topo.node_of[root])
-            device_pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children,
+            pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children,
                                    comm.chunk_elements(call.send.dtype), scratch, scratch.cuda_aware)
 
     return work
@@ -63,9 +64,9 @@ def _allreduce(comm, call, stream):
             leaders, scratch = topo.leaders_comm, _scratch(comm, call.device)
             parent, children = _tree(leaders, call.nbytes, 0)
             chunk = comm.chunk_elements(call.recv.dtype)
-            device_pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, scratch,
+            pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, scratch,
                                    scratch.cuda_aware)
-            device_pipeline.bcast(leaders, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
+            pipeline.bcast(leaders, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
         node_bcast()
 
     return work
@@ -84,7 +85,7 @@ def _bcast(comm, call, stream):
         if heads is not None:
             scratch.wait_for(caller_done)  # the root's data is written; the others' buffers are free
             parent, children = _tree(heads, call.nbytes, topo.node_of[root])
-            device_pipeline.bcast(heads, call.recv, parent, children, comm.chunk_elements(call.recv.dtype), scratch,
+            pipeline.bcast(heads, call.recv, parent, children, comm.chunk_elements(call.recv.dtype), scratch,
                                   scratch.cuda_aware)
         node_stage()
 

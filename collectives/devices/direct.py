@@ -3,8 +3,8 @@
 A call takes it when SCAFFE_DEVICE_PATH is `direct` (the default), this rank's buffers are all device
 memory served by one collectives.devices implementation, the fused kernel has the op and dtype, and
 SCAFFE_REDUCE_ALGO does not send every call to native MPI (which then gets host copies).
-Inside a node the local ranks' buffers are reduced through IPC (collectives.intranode.ipc); across
-nodes the leaders' chunked pipeline joins in (collectives.algorithms.device_nodes).
+Inside a node the local ranks' buffers are reduced through IPC (collectives.devices.ipc); across
+nodes the leaders' chunked pipeline joins in (collectives.devices.nodes).
 
 Every rank of a node must pass device buffers to a call when one does (or all host buffers): a node
 whose ranks mix them needs SCAFFE_DEVICE_PATH=staged, which runs everything on host copies.
@@ -12,7 +12,7 @@ whose ranks mix them needs SCAFFE_DEVICE_PATH=staged, which runs everything on h
 import numpy
 
 from collectives import devices
-from collectives.algorithms import device_nodes
+from collectives.devices import nodes
 from collectives.ops import op_name, supports
 from kernels._reduce_raw import dtypes
 
@@ -47,9 +47,9 @@ def direct(comm, kind, send, recv, op):
 
 
 def start(comm, call, stream):
-    """Mark the caller's stream now and return the call's work (see collectives.intranode.ipc)."""
+    """Mark the caller's stream now and return the call's work (see collectives.devices.ipc)."""
     if comm.several_nodes:
-        return device_nodes.start(comm, call, stream)
+        return nodes.start(comm, call, stream)
     return local_call(comm, call).start(stream)
 
 

@@ -13,7 +13,7 @@ device arrays registered with collectives.devices); a producer stream named by t
 interface (v3) is synchronised before its memory is read, on the device and on the host alike.
 
 A device buffer never reaches MPI: inside a node the collectives reduce it on the devices
-(collectives.algorithms.device), and otherwise, or with SCAFFE_DEVICE_PATH=staged, the call runs on
+(collectives.devices.direct), and otherwise, or with SCAFFE_DEVICE_PATH=staged, the call runs on
 pinned host copies (device-to-host before, host-to-device after), with the same algorithm selection a
 host call of that size gets. That is what keeps a non-CUDA-aware MPI from dereferencing device
 pointers, the crash a plain mpi4py program hits.
@@ -22,7 +22,8 @@ import threading
 
 import numpy
 
-from collectives import cuda_driver, devices
+from collectives import devices
+from collectives.devices import driver
 from collectives.errors import CollectiveError
 
 _DLPACK_CUDA_DEVICES = (2, 13)  # kDLCUDA, kDLCUDAManaged
@@ -40,7 +41,7 @@ def is_device_buffer(obj):
         return True
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
-        return cuda_driver.is_device_memory(interface["data"][0])
+        return driver.is_device_memory(interface["data"][0])
     dlpack_device = getattr(obj, "__dlpack_device__", None)
     if dlpack_device is not None:
         try:
@@ -67,7 +68,7 @@ def host_view(obj, what):
     shape = tuple(interface["shape"])
     if not pointer and numpy.prod(shape) != 0:
         raise CollectiveError(f"{what}: __cuda_array_interface__ has a null pointer for shape {shape}")
-    if cuda_driver.available():
+    if driver.available():
         synchronize(interface.get("stream"))
     return numpy.asarray(_HostInterface(obj, {
         "shape": shape, "typestr": interface["typestr"], "descr": interface.get("descr", [("", interface["typestr"])]),
