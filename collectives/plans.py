@@ -11,6 +11,7 @@ What a signature cannot see (an array made read-only or non-contiguous in place)
 plan `Stale` before any message moves, and the lane then builds the call's plan again through the full
 validation, which says what changed.
 """
+import array
 import mmap
 import time
 import weakref
@@ -28,6 +29,7 @@ _REJECTED = (BufferError, ValueError)
 
 
 _BYTE_SIZED = frozenset((bytes, bytearray, mmap.mmap))
+_HOST_KINDS = _BYTE_SIZED | {numpy.ndarray, memoryview, array.array}
 
 
 class Stale(Exception):
@@ -58,6 +60,15 @@ def signature(obj):
             return kind, view.format, view.nbytes
     except (TypeError, ValueError):
         return object()
+
+
+def host_kinds(obj):
+    """The types of a buffer argument that only host memory has (a spec's and its buffer's), or None for
+    any other (device arrays, exporters whose memory may live anywhere)."""
+    kind = type(obj)
+    if kind is list or kind is tuple:
+        return (kind, type(obj[0])) if obj and type(obj[0]) in _HOST_KINDS else None
+    return kind if kind in _HOST_KINDS else None
 
 
 def _reference(obj):
@@ -128,9 +139,22 @@ def native_args(kind, buf, recvbuf, op, root):
 
 
 class NativePlan(Plan):
-    """The wrapped MPI's method on the user's own arguments."""
+    """The wrapped MPI's method on the user's own arguments.
 
-    __slots__ = ()
+    Where native MPI runs the lane's calls at every size (a Bcast, unless SCAFFE_REDUCE_ALGO forces an
+    algorithm), the path depends only on the buffer living on the host: the plan then compares the kinds
+    of objects alone (`kinds`, from host_kinds), which costs a repeat far less than a signature."""
+
+    __slots__ = ("kinds",)
+
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes):
+        super().__init__(lane, buf, recvbuf, op, root, nbytes)
+        self.kinds = host_kinds(recvbuf if self.in_place else buf) if lane.native_below == float("inf") else None
+
+    def holds(self, buf, recvbuf, stream):
+        if self.kinds is None:
+            return super().holds(buf, recvbuf, stream)
+        return host_kinds(recvbuf if self.in_place else buf) == self.kinds
 
     def run(self, comm, buf, recvbuf, op, root, stream):
         if stream is not None:
