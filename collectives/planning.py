@@ -26,6 +26,9 @@ from collectives.plans import (AlgorithmPlan, DevicePlan, NativePlan, Stale, Sta
 
 # Plans a lane keeps at most: a program passing new arrays at every call would otherwise grow it forever.
 _KEPT = 64
+# The measured choice (plans.Trial) is made for sizes below this many times the table's threshold: where the
+# two roads are close. Far above it our algorithm wins by several times, which a trial would only slow.
+TRIAL_SPAN = 8
 # Where a call's data is reduced, in SCAFFE_CHECK's signature: through the host (host buffers, and device
 # buffers staged through it, which may mix), or on the devices (whose ranks wait for each other there).
 _PATHS = ("host", "direct")
@@ -162,7 +165,7 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
     if call.op is not None:
         lane.computed_pairs[(call.op.py2f(), call.dtype)] = call.op_name
     trial = None
-    if comm.measured:
+    if comm.measured and call.nbytes < TRIAL_SPAN * lane.native_below:
         trial = comm.trials.setdefault((call.kind, call.op.py2f() if call.op is not None else None, call.dtype,
                                         call.nbytes), Trial())
     plan = AlgorithmPlan(lane, buf, recvbuf, op, root, call.nbytes, algorithms.get(name, call.kind), call.op_name,

@@ -6,7 +6,8 @@ variable                type                default               meaning (funct
 SCAFFE_REDUCE_ALGO      native, tree,       the table in          one algorithm for every message size (reduce_algo)
                         chain or            collectives.
                         hierarchical        algorithms
-SCAFFE_CHOICE           measured or table   measured              where the table picks a host algorithm, time it
+SCAFFE_CHOICE           measured or table   measured              where the table picks a host algorithm (below 8x
+                                                                  its threshold: planning.TRIAL_SPAN), time it
                                                                   against native MPI on the first calls of each
                                                                   size and keep the faster (measured), or keep
                                                                   the table's pick, which makes results bitwise

@@ -12,11 +12,11 @@ import time
 import numpy
 from mpi4py import MPI
 
+import collectives.algorithms
 import collectives.planning
 import collectives.plans
 from worker_util import Worker, contribution, expected_reduction
 
-N = 1 << 18  # 1 MiB of float32: above the table's thresholds, so our algorithm is the table's pick
 SLOW_S = 0.05
 
 
@@ -54,20 +54,28 @@ def kept(w, kind, n):
     return choices[0]
 
 
+def floats(w, kind):
+    """Twice the table's threshold for `kind` in float32s: our algorithm's size, within the trials' span."""
+    w.comm.describe()  # sets the communicator up
+    return 2 * collectives.algorithms.threshold(kind, w.comm.several_nodes) // 4
+
+
 def main():
     w = Worker()
+    n = floats(w, "allreduce")
     w.case("the native twin slowed on the last rank: our algorithm kept")
     twin = collectives.plans._native_twin
-    collectives.plans._native_twin = slowed(twin, w.size - 1, N * 4)
-    run_calls(w, "allreduce", N, 100)
-    w.check_true(kept(w, "allreduce", N) is False, "native MPI kept though its twin was slowed")
+    collectives.plans._native_twin = slowed(twin, w.size - 1, n * 4)
+    run_calls(w, "allreduce", n, 100)
+    w.check_true(kept(w, "allreduce", n) is False, "native MPI kept though its twin was slowed")
     collectives.plans._native_twin = twin
 
     w.case("our algorithm slowed on rank 0: native MPI kept")
+    n = floats(w, "reduce")
     choose = collectives.planning.algorithms.get
-    collectives.planning.algorithms.get = lambda name, kind: slowed(choose(name, kind), 0, 2 * N * 4)
-    run_calls(w, "reduce", 2 * N, 200)
-    w.check_true(kept(w, "reduce", 2 * N) is True, "our algorithm kept though it was slowed")
+    collectives.planning.algorithms.get = lambda name, kind: slowed(choose(name, kind), 0, n * 4)
+    run_calls(w, "reduce", n, 200)
+    w.check_true(kept(w, "reduce", n) is True, "our algorithm kept though it was slowed")
     collectives.planning.algorithms.get = choose
     w.done("measured_choice")
 
