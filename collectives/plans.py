@@ -223,8 +223,8 @@ class AlgorithmPlan(Plan):
 class Trial:
     """Our algorithm against the wrapped MPI on the first calls of one (kind, op, dtype, size) of a
     communicator (SCAFFE_CHOICE=measured): they alternate, one untimed call each and then ROUNDS timed
-    calls each, then one small allreduce of the times makes every rank keep the same, faster one
-    (`native`: None until then).
+    calls each, then one small allreduce of the times makes every rank keep the same one: native MPI
+    where it was clearly faster, else ours (`native`: None until then).
 
     A trial belongs to the signature's contents, not to a plan: ranks find plans by ids, which differ
     between them, but make the same calls in the same order. It runs in call order (in the thread that
@@ -233,6 +233,9 @@ class Trial:
     """
 
     ROUNDS = 3
+    # The table's pick stands unless native MPI beats it clearly: a few calls in a loaded VM misjudge a
+    # close race (at 128 KiB on 2 ranks, trials without a margin kept native MPI where ours was 1.3-2x faster).
+    MARGIN = 0.8
     __slots__ = ("calls", "seconds", "native")
 
     def __init__(self):
@@ -252,7 +255,7 @@ class Trial:
         self.calls += 1
         if self.calls == 2 + 2 * self.ROUNDS:
             comm.private.Allreduce(MPI.IN_PLACE, self.seconds, MPI.SUM)
-            self.native = bool(self.seconds[1] < self.seconds[0])
+            self.native = bool(self.seconds[1] < self.MARGIN * self.seconds[0])
 
 
 _BLOCKING = {"reduce": MPI.Intracomm.Reduce, "allreduce": MPI.Intracomm.Allreduce, "bcast": MPI.Intracomm.Bcast}
