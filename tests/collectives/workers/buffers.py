@@ -354,7 +354,7 @@ def check_maxloc(w):
 
 def check_repeats(w):
     """The same arrays in call after call, changed in place in between: what was remembered of them
-    (`collectives.latency.Seen`) must not outlive the change, and every rank must still pick the same algorithm."""
+    (the kept plan, `collectives.plans`) must not outlive the change, and every rank must still pick the same algorithm."""
     n = 10
     send, recv, buf = numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32), numpy.empty(n, numpy.float32)
     check_repeated_small_calls(w, send, recv, buf)
