@@ -121,12 +121,17 @@ def _quick(comm, lane, buf, recvbuf, op, root):
         fits = kind == "reduce" and lane.rank != root or fitting_recv(buf, recvbuf)
     if not fits:
         return None
-    if buf.nbytes < lane.native_below and (None if op is None else op.py2f()) in lane.native_pairs.get(buf.dtype.num, ()):
+    if buf.nbytes < lane.native_below and _handle(op) in lane.native_pairs.get(buf.dtype.num, ()):
         return NativePlan(lane, buf, recvbuf, op, root, buf.nbytes)
     name = None if kind == "bcast" else lane.computed_pairs.get((op.py2f(), buf.dtype))
     if name is None:
         return None
     return _host_plan(comm, lane, Call(kind, buf, None, op, name, root), buf, recvbuf, op, root)
+
+
+def _handle(op):
+    """An op's handle, hashable where the op is not (None: a Bcast's)."""
+    return None if op is None else op.py2f()
 
 
 # -- choosing the path ----------------------------------------------------------------------------------
@@ -160,21 +165,19 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
     """The plan of a validated call on host buffers, and what its (op, dtype) pair teaches the quick checks."""
     name = _choose(comm, call)
     if name == "native":
-        lane.native_pairs.setdefault(call.dtype.num, set()).add(None if call.op is None else call.op.py2f())
+        lane.native_pairs.setdefault(call.dtype.num, set()).add(_handle(call.op))
         return NativePlan(lane, buf, recvbuf, op, root, call.nbytes)
     if call.op is not None:
         lane.computed_pairs[(call.op.py2f(), call.dtype)] = call.op_name
     trial = None
     if comm.measured and call.nbytes < TRIAL_SPAN * lane.native_below:
-        trial = comm.trials.setdefault((call.kind, call.op.py2f() if call.op is not None else None, call.dtype,
-                                        call.nbytes), Trial())
-    plan = AlgorithmPlan(lane, buf, recvbuf, op, root, call.nbytes, algorithms.get(name, call.kind), call.op_name,
-                         trial)
+        trial = comm.trials.setdefault((call.kind, _handle(call.op), call.dtype, call.nbytes), Trial())
     # Plain C-ordered ndarrays are viewed inline; any other buffer argument is parsed again at every call.
     plain = (type(buf) is numpy.ndarray and buf.flags.c_contiguous and lane.kind != "bcast"
              and (call.recv is None or type(recvbuf) is numpy.ndarray and recvbuf.flags.c_contiguous))
-    plan.views = plan.plain_views if plain else lambda buf, recvbuf: _parsed_views(comm, lane.kind, buf, recvbuf, root)
-    return plan
+    parsed = None if plain else lambda buf, recvbuf: _parsed_views(comm, lane.kind, buf, recvbuf, root)
+    return AlgorithmPlan(lane, buf, recvbuf, op, root, call.nbytes, algorithms.get(name, call.kind), call.op_name,
+                         trial, parsed)
 
 
 def _staged_plan(comm, lane, call):

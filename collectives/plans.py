@@ -1,9 +1,8 @@
 """One road for every collective call: a plan per call signature, built once, run by every call.
 
-A `Lane` is one override (Reduce, Ireduce, ...) of one communicator. A call looks up the plan its
-buffers' identities name in the lane's small cache and checks that the rest of its signature (op, root,
-the message's type, dtype and size) is the plan's; a miss builds the plan through
-`collectives.planning`. Either way the call then runs `plan.run(...)`. A plan's path (native MPI, a
+Each override (Reduce, Ireduce, ...) of a communicator has a `Lane` (collectives.planning). A call looks
+up the plan its buffers' identities name in the lane's small cache and checks that the rest of its
+signature (op, root, the message's type, dtype and size) is the plan's; a miss builds the plan there. Either way the call then runs `plan.run(...)`. A plan's path (native MPI, a
 host algorithm, the node's device path) is a function of the signature alone, which every rank of a
 correct program shares, so every rank takes the same path whether it found the plan or built it.
 
@@ -26,8 +25,6 @@ from collectives.events import listeners, reported, with_label
 
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
 _REJECTED = (BufferError, ValueError)
-
-
 _BYTE_SIZED = frozenset((bytes, bytearray, mmap.mmap))
 _HOST_KINDS = _BYTE_SIZED | {numpy.ndarray, memoryview, array.array}
 
@@ -86,7 +83,7 @@ def fixed_memory(obj):
     return devices.find_registered(obj) is not None
 
 
-def named_stream(buf, recvbuf):
+def _stream_named_now(buf, recvbuf):
     """The stream the first of two device arrays that names one names now (each is None, IN_PLACE or an
     array whose stream agreed with the other's when the call was validated)."""
     for obj in (buf, recvbuf):
@@ -190,15 +187,18 @@ class AlgorithmPlan(Plan):
     anew at every call: a plan keeps no buffer alive and no memory exported (an mmap it held a view of
     could not be closed). With a `trial`, the first calls of its size also time native MPI against it."""
 
-    __slots__ = ("algorithm", "op_name", "views", "trial")
+    __slots__ = ("algorithm", "op_name", "trial", "parsed_views")
 
-    def __init__(self, lane, buf, recvbuf, op, root, nbytes, algorithm, op_name, trial):
+    def __init__(self, lane, buf, recvbuf, op, root, nbytes, algorithm, op_name, trial, parsed_views=None):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
         self.algorithm, self.op_name, self.trial = algorithm, op_name, trial
-        self.views = None  # (buf, recvbuf) -> (send, recv) flat views, raising Stale when they no longer fit
+        # (buf, recvbuf) -> (send, recv) flat views, raising Stale when they no longer fit, for buffer arguments
+        # other than plain C-ordered ndarrays (`plain_views`, made inline).
+        self.parsed_views = parsed_views
 
     def run(self, comm, buf, recvbuf, op, root, stream):
-        send, recv = self.views(buf, recvbuf)
+        views = self.plain_views if self.parsed_views is None else self.parsed_views
+        send, recv = views(buf, recvbuf)
         if stream is not None:
             synchronize(stream)
         call = Call(self.lane.kind, send, recv, op, self.op_name, root)
@@ -292,7 +292,7 @@ class DevicePlan(Plan):
 
     def holds(self, buf, recvbuf, stream):
         return (self.send_ref() is buf and self.recv_ref() is recvbuf
-                and (stream is not None or named_stream(buf, recvbuf) == self.named))
+                and (stream is not None or _stream_named_now(buf, recvbuf) == self.named))
 
     def run(self, comm, buf, recvbuf, op, root, stream):
         return launch(comm, self.lane, self.local.start(self.named if stream is None else stream), self.nbytes)
