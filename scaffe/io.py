@@ -317,6 +317,25 @@ def _packed_field(number, values, dtype):
     return _varint(number << 3 | 2) + _varint(len(raw)) + raw
 
 
+def field_chunks(number, chunks):
+    """`chunks` (buffers that together encode one message) as length-delimited field `number` of the message
+    around it: the field's key and length, then the chunks themselves, not copied."""
+    size = sum(memoryview(chunk).nbytes for chunk in chunks)
+    return [_varint(number << 3 | 2) + _varint(size), *chunks]
+
+
+def blob_chunks(data):
+    """The BlobProto array_to_blobproto makes of host array `data` (shape and float or double data), as
+    buffers whose concatenation is its serialization; the data's buffer is the array's own memory where it is
+    little-endian and contiguous. Writing these is a commit's one copy; protobuf's parse and serialization
+    would add two more of every byte."""
+    data = numpy.asarray(data)
+    double = data.dtype == numpy.float64
+    raw = numpy.ascontiguousarray(data, dtype="<f8" if double else "<f4").reshape(-1)
+    head = caffe_pb2.BlobProto(shape=caffe_pb2.BlobShape(dim=[int(d) for d in data.shape])).SerializeToString()
+    return [head, *field_chunks(8 if double else 5, [memoryview(raw).cast("B")])]
+
+
 def array_to_blobproto(data, diff=None, blob=None, legacy_4d=False):
     """A BlobProto (filled in place when `blob` is given) holding `data` and optionally `diff`.
 

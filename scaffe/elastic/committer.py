@@ -3,8 +3,8 @@
 At a commit point (after update N, N a multiple of the interval) every rank lands the updates still in
 flight, then on a communicator of the commits' own: the ranks' own states (random states, data readers'
 places) go to the root in one gather, and one small allreduce tells every rank whether any found the file
-GROW in its host's commit directory. The root copies the learnables and the history into host memory: that
-copy is all the training thread pays; the files and the copy on another host are made by
+GROW in its host's commit directory. The root copies the learnables and the history into host memory (one of
+two reused sets, scaffe.elastic.state.HostCopies): that copy is all the training thread pays; the files and the copy on another host are made by
 scaffe.elastic.replication's threads. After a commit that found GROW every rank raises GrowRequested
 (scaffe.elastic.growth).
 """
@@ -16,13 +16,14 @@ from mpi4py import MPI
 from scaffe.elastic import settings
 from scaffe.elastic.growth import GROW_FILE, GrowRequested
 from scaffe.elastic.replication import Replication
-from scaffe.elastic.state import Capture, ModelLayout, commit_name, rank_state
+from scaffe.elastic.state import Capture, HostCopies, ModelLayout, commit_name, rank_state
 from scaffe.log import get_logger
 from scaffe.solvers.callbacks import SolverCallback
 
 log = get_logger(__name__)
 
 UNKEPT_SOURCES = ("HDF5Data", "ImageData", "WindowData")  # data layers without reader_state (yet)
+_WAIT_S = 1.0  # how often a commit waiting for host copies looks whether the writer has failed
 
 
 class Committer(SolverCallback):
@@ -37,6 +38,7 @@ class Committer(SolverCallback):
         self.rank = 0 if comm is None else comm.Get_rank()
         self.size = 1 if comm is None else comm.Get_size()
         self.replication = Replication(directory, ModelLayout(solver.net), comm, topology, self.root)
+        self.copies = HostCopies(solver) if self.rank == self.root else None
         self.commits, self.spent_s = 0, 0.0
         self._first_record = self._last_record = None
         solver.callbacks.append(self)
@@ -64,7 +66,7 @@ class Committer(SolverCallback):
         grow = found if self.control is None else self.control.allreduce(int(found), op=MPI.MAX)
         if self.rank == self.root:
             global_batch = self.solver.net.batch_size * self.solver.param.iter_size * self.size
-            self.replication.put(Capture(self.solver, ranks, global_batch))
+            self.replication.put(Capture(self.solver, ranks, global_batch, self._take_copies(), self.copies))
         self.commits += 1
         self.spent_s += time.perf_counter() - started
         if grow:
@@ -72,6 +74,18 @@ class Committer(SolverCallback):
             log.warning("Rank %d: %s found at iteration %d: stopping after commit %s, to grow", self.rank,
                         GROW_FILE, self.solver.iter, path)
             raise GrowRequested(self.solver.iter, path)
+
+    def _take_copies(self):
+        """A set of host copies to commit into, once the writer has given one back if it holds them all."""
+        waited = False
+        while (copies := self.copies.take(timeout=_WAIT_S)) is None:
+            self.replication.check()
+            if not waited:
+                log.warning("The commit of iteration %d waits for the one before to be stored and sent: commits "
+                            "come faster than this host writes them; SCAFFE_COMMIT_ITERS sets how often",
+                            self.solver.iter)
+                waited = True
+        return copies
 
     def close(self, wait=True):
         """Waits (with `wait`) for the commits to be stored and replicated, then reports their cost."""

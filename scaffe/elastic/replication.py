@@ -2,7 +2,7 @@
 
 The root (the rank that holds the solver's history under every schedule) hands each commit over as a
 scaffe.elastic.state.Capture; a writer thread turns it into files, stores them in this host's commit directory
-and sends them on a duplicate communicator to the replica: rank (root + ranks on the root's host) % P, the
+and sends them (send_commit: the arrays' own memory, no pickle) on a duplicate communicator to the replica: rank (root + ranks on the root's host) % P, the
 first rank of the next host, whose receiver thread stores them in that host's directory. With one host the
 replica would be the same directory: nothing travels. Nodes are collectives' (SCAFFE_RANKS_PER_NODE cuts a
 host into simulated ones, so that CI sends a replica across).
@@ -13,8 +13,8 @@ import queue
 import threading
 import time
 
+import numpy
 from mpi4py import MPI
-from mpi4py.util import pkl5
 
 from scaffe.elastic.state import store
 from scaffe.log import get_logger
@@ -31,6 +31,30 @@ def replica_rank(root, topology):
     return None if node_of[peer] == node_of[root] else peer
 
 
+def send_commit(link, dest, name, files):
+    """Sends commit `name` ({file: buffers}, as scaffe.elastic.state.store takes them) to rank `dest`: a message
+    naming the files and their buffers' sizes, then each buffer as it is, unpickled and uncopied."""
+    link.send((name, {file: [memoryview(chunk).nbytes for chunk in chunks] for file, chunks in files.items()}),
+              dest=dest)
+    for chunks in files.values():
+        for chunk in chunks:
+            link.Send([chunk, MPI.BYTE], dest=dest)
+
+
+def receive_commit(link, source, message):
+    """(name, {file: [bytes]}) of the commit whose first message (send_commit's) is `message`."""
+    name, sizes = message
+    files = {}
+    for file, chunk_sizes in sizes.items():
+        data = numpy.empty(sum(chunk_sizes), numpy.uint8)
+        offset = 0
+        for size in chunk_sizes:
+            link.Recv([data[offset:offset + size], MPI.BYTE], source=source)
+            offset += size
+        files[file] = [data]
+    return name, files
+
+
 _PROBE_S = 0.01  # how often the receiver looks for the next commit
 
 
@@ -43,7 +67,7 @@ class Replication:
         self.rank = 0 if comm is None else comm.Get_rank()
         threads = comm is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE
         self.peer = replica_rank(root, topology) if comm is not None else None
-        self.link = pkl5.Intracomm(comm.Dup()) if comm is not None else None  # every rank takes part in Dup
+        self.link = MPI.Intracomm(MPI.Intracomm.Dup(comm)) if comm is not None else None  # every rank takes part in Dup
         if self.peer is not None and not threads:
             if self.rank == root:
                 log.warning("Commits stay on this host: sending them to another needs MPI_THREAD_MULTIPLE")
@@ -59,7 +83,7 @@ class Replication:
             self._thread.start()
 
     def put(self, capture):
-        """The root: commit `capture` (a Capture) in the background."""
+        """The root: commit `capture` (a Capture) in the background; the writer releases it when done."""
         self._raise_failure()
         self._captures.put(capture)
 
@@ -71,6 +95,12 @@ class Replication:
         if wait and self._thread is not None:
             self._thread.join()
             self._raise_failure()
+
+    def check(self):
+        """Raises the writer's failure, or says that it has stopped (the root)."""
+        self._raise_failure()
+        if self._thread is not None and not self._thread.is_alive():
+            raise OSError(f"the commit writer of {self.directory} has stopped")
 
     def _raise_failure(self):
         if self.error is not None:
@@ -84,11 +114,12 @@ class Replication:
             try:
                 files = capture.files(self.layout)
                 store(self.directory, capture.name, files)
-            except OSError as e:  # the next commit point reports it; a failed commit is not a sent one
+                if self.peer is not None:
+                    send_commit(self.link, self.peer, capture.name, files)
+            except Exception as e:  # the next commit point raises it on the training thread
                 self.error = e
-                continue
-            if self.peer is not None:
-                self.link.send((capture.name, files), dest=self.peer)
+            finally:
+                capture.release()
         if self.peer is not None:
             self.link.send(_DONE, dest=self.peer)
 
@@ -102,7 +133,7 @@ class Replication:
             message = self.link.recv(source=self.root)
             if message is _DONE:
                 return
-            name, files = message
+            name, files = receive_commit(self.link, self.root, message)
             try:
                 store(self.directory, name, files)
             except OSError as e:  # the root goes on; this host just keeps no copy of this one

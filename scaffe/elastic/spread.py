@@ -36,7 +36,7 @@ def spread(comm, source, dest):
         data = (numpy.fromfile(os.path.join(source, relative), dtype=numpy.uint8) if comm.Get_rank() == 0
                 else numpy.empty(size, dtype=numpy.uint8))
         comm.Bcast(data, root=0)
-        files[relative] = data.tobytes()
+        files[relative] = [data]
     if comm.Get_rank() != 0:
         store(os.path.dirname(dest), os.path.basename(dest), files)  # a host that has it keeps its own
     return True

@@ -140,3 +140,58 @@ def test_a_commit_becomes_a_snapshot_that_train_resumes(job, monkeypatch):
     assert (state.iter, state.learned_net) == (4, str(job / "s_iter_4.caffemodel"))
     assert main(["train", "--solver=solver.prototxt", f"--snapshot={job}/s_iter_4.solverstate"]) == 0
     assert [os.path.basename(p) for p in sorted(os.listdir(job / "e"))] == ["iter_000000006"]
+
+
+WIDE_NET = """name: "wide"
+layer { name: "data" type: "DummyData" top: "x" top: "y"
+  dummy_data_param { shape { dim: 2 dim: 5 } shape { dim: 2 } data_filler { type: "gaussian" }
+  data_filler { type: "constant" value: 1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "z"
+  inner_product_param { num_output: 3 weight_filler { type: "gaussian" } bias_filler { type: "gaussian" } } }
+layer { name: "relu" type: "ReLU" bottom: "z" top: "z" }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "z" bottom: "y" top: "loss" }
+"""
+
+
+def _small_solver(solver_type="Adam"):
+    from google.protobuf import text_format
+
+    from scaffe.proto import caffe_pb2
+    from scaffe.solvers import create_solver
+    param = caffe_pb2.SolverParameter(type=solver_type, base_lr=0.01, lr_policy="fixed", max_iter=3)
+    text_format.Merge(WIDE_NET, param.net_param)
+    solver = create_solver(param)
+    solver.step(2)
+    return solver
+
+
+def test_a_commits_files_parse_as_the_caffemodel_and_solverstate_protobuf_writes():
+    """The chunks written without protobuf's copies parse into the messages protobuf itself builds."""
+    from scaffe.elastic.state import Capture, HostCopies, ModelLayout
+    from scaffe.proto import caffe_pb2
+    from scaffe.solvers.sgd import solver_state
+    solver = _small_solver()
+    pool = HostCopies(solver)
+    capture = Capture(solver, [{}], 2, pool.take(timeout=0), pool)
+    files = {name: b"".join(bytes(chunk) for chunk in chunks)
+             for name, chunks in capture.files(ModelLayout(solver.net)).items()}
+    written = caffe_pb2.NetParameter.FromString(files["model.caffemodel"])
+    expected = caffe_pb2.NetParameter(name="wide")
+    for record in solver.net.layer_records:
+        layer = expected.layer.add()
+        layer.CopyFrom(record.layer.param)
+        sio.set_layer_blobs(layer, [solver.net.learnable_params[solver.net.param_records[p].learnable_id].data
+                                    for p in record.param_ids])
+    assert written == expected and len(written.layer[1].blobs) == 2
+    state = caffe_pb2.SolverState.FromString(files["state.solverstate"])
+    assert state == solver_state(2, "model.caffemodel", solver.current_step, solver.history)
+    assert len(state.history) == 4  # Adam: two sets
+
+
+def test_host_copies_are_reused_and_at_most_two_exist():
+    from scaffe.elastic.state import HostCopies
+    pool = HostCopies(_small_solver("SGD"))
+    first, second = pool.take(timeout=0), pool.take(timeout=0)
+    assert first is not second and pool.take(timeout=0.01) is None
+    pool.give_back(first)
+    assert pool.take(timeout=0) is first
