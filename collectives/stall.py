@@ -6,7 +6,9 @@ this rank's collectives in flight from the counts `collectives.events` keeps per
 so the calls themselves pay two list updates and no clock. Each poll it answers the other ranks'
 questions; when one of its own operations has waited too long it asks the other ranks of that operation's
 communicator for their state, gives them a few seconds to answer, prints one report on stderr and aborts
-the job. Its messages travel on its own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls
+the job. With SCAFFE_LOST_S it also asks them, while an operation waits, whether they are there: one that
+has not answered for that long (dead, frozen, or behind a link that is down) ends the job at once, long
+before the stall limit, which a live rank that is only slow to join still has. Its messages travel on its own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls
 (improbe, isend, Test): a thread blocked in MPI could not report the very hang it is there for. Ranks are
 named by their rank in COMM_WORLD, so nothing depends on where they run.
 """
@@ -20,6 +22,7 @@ from mpi4py import MPI
 from collectives import events
 from collectives.errors import abort_job
 from collectives import settings
+from collectives.stall_report import report
 
 _QUERY, _STATE = 1, 2  # tags: "what are you doing?" and its answer
 
@@ -55,10 +58,15 @@ class _Inspector:
         self.comm = MPI.COMM_WORLD.Dup()
         self.rank = self.comm.Get_rank()
         self.stall_s = stall_s
-        self.period = min(1.0, stall_s / 10)
+        self.lost_s = settings.lost_seconds()
+        # A question is answered at the other's next poll: a few polls must fit in the time a rank may take.
+        self.period = min(1.0, stall_s / 10, self.lost_s / 4 or 1.0)
         # Long enough for a live rank under load to wake and answer, short against the limit itself.
         self.answer_window = min(5.0, max(1.0, stall_s / 2))
         self.first_seen = {}  # (comm index, name, number) in flight -> when a poll first saw it
+        self.asked = {}  # rank -> when the question it has not answered yet went out
+        self.heard = {}  # rank -> when its last answer came
+        self.states = {}  # rank -> its last answer
         self.sends = []  # our questions and answers still on their way
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="scaffe-stall", daemon=True)
@@ -72,8 +80,13 @@ class _Inspector:
             in_flight = self._in_flight()
             if in_flight:
                 oldest = min(in_flight, key=lambda op: op[4])
-                if time.perf_counter() - oldest[4] > self.stall_s:
+                waited = time.perf_counter() - oldest[4]
+                if waited > self.stall_s:
                     self._report_and_abort(oldest)
+                elif self.lost_s and waited > self.period:
+                    self._check_answering(oldest)
+            else:
+                self.asked.clear()  # a question only counts while something waits for its rank
 
     def _in_flight(self):
         """(comm index, name, number, nbytes, first seen) of each operation started and not finished.
@@ -97,7 +110,44 @@ class _Inspector:
         while (message := self.comm.improbe(MPI.ANY_SOURCE, _QUERY, status)) is not None:
             message.recv()
             self._send(self._state(), status.Get_source(), _STATE)
+        self._push()
+
+    def _push(self):
+        """Moves our messages on now (MPI progresses a send in the calls that test it), and lets go of those
+        delivered."""
         self.sends = [request for request in self.sends if not _delivered(request)]
+
+    def _others(self, index):
+        return [rank for rank in _members.get(index, range(self.comm.Get_size())) if rank != self.rank]
+
+    def _collect(self, deadline=None):
+        """Takes the answers that have come (and, until `deadline`, those that come)."""
+        status = MPI.Status()
+        while True:
+            while (message := self.comm.improbe(MPI.ANY_SOURCE, _STATE, status)) is not None:
+                source = status.Get_source()
+                self.states[source], self.heard[source] = message.recv(), time.perf_counter()
+                self.asked.pop(source, None)
+            if deadline is None or time.perf_counter() >= deadline:
+                return
+            self._answer()  # the others may be asking us at the same time
+            time.sleep(0.05)
+
+    def _check_answering(self, op):
+        """Asks the ranks of waiting operation `op` that have not answered lately; ends the job if one has left
+        a question unanswered for SCAFFE_LOST_S."""
+        self._collect()
+        now = time.perf_counter()
+        others = self._others(op[0])
+        if any(now - self.asked[rank] > self.lost_s for rank in others if rank in self.asked):
+            silent = {rank for rank in others if rank in self.asked and now - self.asked[rank] > self.lost_s}
+            states = {rank: state for rank, state in self.states.items() if rank not in silent}
+            abort_job(report(self.rank, op[:4] + (now - op[4],), others, states, self.stall_s, self.lost_s))
+        for rank in others:
+            if rank not in self.asked and now - self.heard.get(rank, 0.0) > self.lost_s / 2:
+                self.asked[rank] = now
+                self._send(None, rank, _QUERY)
+        self._push()
 
     def _send(self, payload, rank, tag):
         try:
@@ -117,17 +167,14 @@ class _Inspector:
 
     def _report_and_abort(self, op):
         index, name, number, nbytes, t = op
-        others = [rank for rank in _members.get(index, range(self.comm.Get_size())) if rank != self.rank]
+        others = self._others(index)
+        asked = time.perf_counter()
         for rank in others:
             self._send(None, rank, _QUERY)
-        states = {}
-        status = MPI.Status()
-        deadline = time.perf_counter() + self.answer_window
-        while len(states) < len(others) and time.perf_counter() < deadline:
-            self._answer()  # the others may be asking us at the same time
-            while (message := self.comm.improbe(MPI.ANY_SOURCE, _STATE, status)) is not None:
-                states[status.Get_source()] = message.recv()
-            time.sleep(0.05)
+        deadline = asked + self.answer_window
+        while time.perf_counter() < deadline and any(self.heard.get(rank, 0.0) < asked for rank in others):
+            self._collect(min(deadline, time.perf_counter() + 0.05))
+        states = {rank: self.states[rank] for rank in others if self.heard.get(rank, 0.0) >= asked}
         waited = time.perf_counter() - t
         abort_job(report(self.rank, (index, str(name), number, nbytes, waited), others, states, self.stall_s))
 
@@ -141,48 +188,3 @@ def _delivered(request):
         return request.Test()
     except MPI.Exception:
         return True  # to a rank MPI can no longer reach: nothing more will come of it
-
-
-def report(rank, op, others, states, stall_s):
-    """The stall report of `rank` on its operation `op` = (comm index, name, number, nbytes, seconds waited),
-    from `states`: rank -> its answer, for those of `others` that answered."""
-    index, name, number, nbytes, waited = op
-    joined, not_joined, silent = [], [], []
-    for other in others:
-        state = states.get(other)
-        if state is None:
-            silent.append(f"rank {other}")
-        elif state["started"].get((index, name), 0) >= number:
-            joined.append(f"rank {other}")
-        elif state["in_flight"]:
-            doing = ", ".join(f"{_label(i, n, k)} for {s:.0f} s" for i, n, k, s in state["in_flight"])
-            not_joined.append(f"rank {other} (at {doing})")
-        else:
-            last = state["started"].get((index, name), 0)
-            after = f"after {_label(index, name, last)}" if last else f"before its first {name}"
-            not_joined.append(f"rank {other} (in no collective, computing: {after})")
-    parts = [f"scaffe: rank {rank}: {_label(index, name, number)} ({_size(nbytes)}) has waited {waited:.0f} s "
-             f"(SCAFFE_STALL_S={stall_s:g})"]
-    if not_joined:
-        parts.append("not joined: " + ", ".join(not_joined))
-    if silent:
-        parts.append("no answer (frozen, dead or exited): " + ", ".join(silent))
-    if joined:
-        parts.append("joined: " + ", ".join(joined))
-    if not (not_joined or silent):
-        parts.append("every rank has joined it; it is stuck inside")
-    return "; ".join(parts) + ". Aborting the job.\n"
-
-
-def _label(index, name, number):
-    """How the report names an operation: "Allreduce #12", with its communicator unless it is the first."""
-    return f"{name} #{number}" + (f" on communicator {index}" if index else "")
-
-
-def _size(nbytes):
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    for unit in ("KiB", "MiB", "GiB"):
-        nbytes /= 1024
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.1f} {unit}"

@@ -20,6 +20,8 @@
 # `run` uses $MPIEXEC, else the active virtualenv's mpiexec, else the repository's .venv, else PATH's; it
 # must be hydra's. UCX (MPICH's transport) sees one kernel and would move traffic between namespaces
 # through shared memory, so `run` sets UCX_TLS=self,tcp (unless UCX_TLS is set) to make it cross the link.
+# Each host has its own memory too: what runs in it sees /dev/shm/scaffe-bed-NAME/NAMEhK as its /dev/shm (a
+# bind mount in the mount namespace `ip netns exec` makes), so what one host keeps there the others do not see.
 # With --slurm, `status` prints the SLURM_CONF under which srun, sbatch and sinfo reach the bed's Slurm.
 # Exit codes: 0 done, 1 failed, 2 usage, 3 this machine cannot host a bed (not root, no ip, no netns,
 # or for --slurm no Slurm that starts).
@@ -28,6 +30,7 @@ set -Eeuo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bed=${SCAFFE_BED:-scbed}
 state=/run/scaffe-bed/$bed
+memories=/dev/shm/scaffe-bed-$bed  # the hosts' /dev/shm, one folder each
 bridge=${bed}br
 
 die() { echo "cluster.sh: $2" >&2; exit "$1"; }
@@ -80,7 +83,7 @@ down() {
     done
     if ip link show "$bridge" >/dev/null 2>&1; then ip link delete "$bridge"; fi
     stop_slurmctld
-    rm -rf "$state"
+    rm -rf "$state" "$memories"
 }
 
 stop_slurmctld() {
@@ -133,7 +136,7 @@ slurm_up() {
     for ((i = 1; i <= hosts; i++)); do
         ns=${bed}h$i
         mkdir -p "$dir/$ns"
-        ip netns exec "$ns" slurmd -N "$ns" || true  # its log says why, read below
+        "$state/enter" "$ns" "slurmd -N $ns" || true  # its log says why, read below
     done
     until [[ $(sinfo -h -o %T 2>/dev/null | sort -u) == idle ]]; do
         if ((tries++ > 150)); then
@@ -216,10 +219,18 @@ up() {
         ip -n "$ns" addr add "$net.$i/24" dev eth0
         shape eth0 "$ns"
         echo "$net.$i $ns" >>"$state/hosts"
+        mkdir -p "$memories/$ns"
         cases+="    $net.$i) ns=$ns ;;"$'\n'
     done
+    # `enter NS COMMAND` runs the shell command COMMAND in host NS: its network namespace and its memory.
+    cat >"$state/enter" <<EOF
+#!/bin/sh
+ns=\$1
+shift
+exec ip netns exec "\$ns" /bin/sh -c 'mount --bind "\$0" /dev/shm && exec /bin/sh -c "\$1"' "$memories/\$ns" "\$*"
+EOF
     # hydra's ssh launcher calls this with [ssh options] HOST COMMAND...; like sshd, run the command
-    # through a shell (hydra quotes its arguments for one), here inside the host's namespace.
+    # through a shell (hydra quotes its arguments for one), here inside the host.
     cat >"$state/launch" <<EOF
 #!/bin/sh
 while [ \$# -gt 0 ]; do case \$1 in -*) shift ;; *) break ;; esac; done
@@ -227,9 +238,9 @@ case \$1 in
 $cases    *) echo "cluster.sh launcher: \$1 is not a host of bed $bed" >&2; exit 255 ;;
 esac
 shift
-exec ip netns exec "\$ns" /bin/sh -c "\$*"
+exec "$state/enter" "\$ns" "\$*"
 EOF
-    chmod +x "$state/launch"
+    chmod +x "$state/enter" "$state/launch"
     trap - ERR
     [[ $slurm == no ]] || slurm_up "$hosts" "$net"
     echo "$config" >"$state/config"

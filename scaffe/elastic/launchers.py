@@ -6,6 +6,7 @@ import os
 import re
 import tempfile
 
+from collectives.stall_report import silent_ranks
 from scaffe.elastic.hosts import LOCALHOST
 
 
@@ -17,12 +18,15 @@ _ENDED_WITH = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
 _HOST_FAULT_SIGNAL = 9
 
 
-class KilledRanks:
-    """The hosts where a launcher's output (fed line by line) reports a rank killed by SIGKILL. Only hydra
-    names them; with the other launchers the set stays empty."""
+class LostHosts:
+    """The hosts a job's output (its lines fed one by one, stdout's and stderr's) shows lost: `killed`, where
+    the launcher reports a rank killed by SIGKILL (only hydra names them), and `silent`, where the stall
+    inspector's report names a rank that stopped answering (SCAFFE_LOST_S). The job's ranks sit on `hosts` in
+    order, slot after slot, as every launcher here places them."""
 
-    def __init__(self):
-        self.hosts = set()
+    def __init__(self, hosts):
+        self.killed, self.silent = set(), set()
+        self._rank_hosts = [host.name for host in hosts for _ in range(host.slots)]
         self._running_at = None
 
     def feed(self, line):
@@ -32,7 +36,8 @@ class KilledRanks:
             return
         ended = _ENDED_WITH.match(line)
         if ended and self._running_at and int(ended.group(1)) == _HOST_FAULT_SIGNAL:
-            self.hosts.add(self._running_at)
+            self.killed.add(self._running_at)
+        self.silent |= {self._rank_hosts[rank] for rank in silent_ranks(line) if rank < len(self._rank_hosts)}
 
 
 def launcher_kind(words):

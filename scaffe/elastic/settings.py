@@ -6,6 +6,7 @@ SCAFFE_COMMIT_ITERS  0 (no commits)                        commit every N iterat
                                                            chose none
 SCAFFE_COMMIT_DIR    /dev/shm/scaffe-commits/<job>         where this host keeps its commits (commit_dir)
 SCAFFE_JOB_ID        a name derived from the solver path   the <job> of the default directory (job_name)
+(and the supervisor sets collectives' SCAFFE_LOST_S to DEFAULT_LOST_S when the user chose none)
 """
 import hashlib
 import os
@@ -16,6 +17,10 @@ from collectives import settings
 # thread 14-17 ms, 0.3% of the iteration at every 20 (0.7% at every 10), well under the 5% target; 20 also
 # bounds the work lost to 20 iterations, the issue's own setting.
 DEFAULT_COMMIT_ITERS = 20
+# The SCAFFE_LOST_S (collectives.settings) the supervisor gives its jobs: a rank that has not answered its
+# peers' stall inspectors for 4 s is lost, so a host behind a link that went down ends the job in about 5 s;
+# live ranks answer within a poll (1 s) even while they compute.
+DEFAULT_LOST_S = 4
 COMMITS_ROOT = "/dev/shm/scaffe-commits"  # shared memory: outlives the ranks, not the host
 
 

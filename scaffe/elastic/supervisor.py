@@ -23,8 +23,8 @@ import typing
 
 from scaffe.elastic.growth import EXIT_GROW
 from scaffe.elastic.hosts import Host, HostListError, HostSource
-from scaffe.elastic.launchers import KilledRanks, Launcher
-from scaffe.elastic.settings import COMMITS_ROOT, DEFAULT_COMMIT_ITERS
+from scaffe.elastic.launchers import Launcher, LostHosts
+from scaffe.elastic.settings import COMMITS_ROOT, DEFAULT_COMMIT_ITERS, DEFAULT_LOST_S
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
@@ -121,11 +121,12 @@ class Supervisor:
         self.job_id = environ.get("SCAFFE_JOB_ID") or f"{os.path.splitext(os.path.basename(solver))[0]}-{os.getpid()}"
         self.commit_dir = environ.get("SCAFFE_COMMIT_DIR") or os.path.join(COMMITS_ROOT, self.job_id)
         self.commit_iters = environ.get("SCAFFE_COMMIT_ITERS") or str(DEFAULT_COMMIT_ITERS)
+        self.lost_s = environ.get("SCAFFE_LOST_S") or str(DEFAULT_LOST_S)
         self.scaffe = train[:train.index("train")]  # how this installation starts `scaffe`
         self.launcher = Launcher(shlex.split(options.launcher), work_dir)
         local_slots = options.max_np or options.min_np
         self.source = HostSource(options.host_discovery_script, options.hostfile, local_slots)
-        self.excluded = set()  # hosts where a rank was killed: left out, as Horovod blacklists them
+        self.excluded = set()  # hosts where a rank was killed or went silent: left out, as Horovod blacklists them
 
     def run(self):
         """Supervises the job to its end; returns the exit status (0: training done)."""
@@ -138,13 +139,13 @@ class Supervisor:
                  self._ranks(hosts), self.commit_iters, self.commit_dir)
         commit, restarts = None, 0
         while True:
-            status, killed = self._run_job(hosts, commit)
+            status, lost = self._run_job(hosts, commit)
             if status == 0:
                 return 0
             if status != EXIT_GROW:
                 restarts += 1
-                self.excluded |= killed if not self.source.local else set()
-            hosts, commit, why, lacking = self._next_launch(status, killed, hosts)
+                self.excluded |= lost.killed | lost.silent if not self.source.local else set()
+            hosts, commit, why, lacking = self._next_launch(status, lost, hosts)
             if status != EXIT_GROW and restarts > self.options.max_restarts:
                 return self._end(f"the job failed {restarts} times, more than --max-restarts "
                                  f"{self.options.max_restarts}", commit)
@@ -158,9 +159,10 @@ class Supervisor:
 
     # ------------------------------------------------ deciding
 
-    def _next_launch(self, status, killed, old_hosts):
-        """(hosts, commit, why, hosts lacking the commit) of the launch after one that ended with `status`: the
-        hosts that answer (less the excluded), a holder of the newest commit among them first."""
+    def _next_launch(self, status, lost, old_hosts):
+        """(hosts, commit, why, hosts lacking the commit) of the launch after one that ended with `status` and
+        lost the LostHosts `lost`: the hosts that answer (less the excluded, who are not asked), a holder of the
+        newest commit among them first."""
         if status == EXIT_GROW:
             self._on_hosts(old_hosts, ["rm", "-f", self._grow_flag()])
         try:
@@ -176,7 +178,8 @@ class Supervisor:
         why = ("the job stopped at a commit for new hosts" if status == EXIT_GROW
                else f"the job failed with exit status {status}")
         why += "".join(f"; {label} {','.join(names)}" for label, names in
-                       (("rank killed on", sorted(killed)), ("not answering:", silent)) if names)
+                       (("rank killed on", sorted(lost.killed)), ("stopped answering the job:", sorted(lost.silent)),
+                        ("not answering:", silent)) if names)
         global_batch = self._global_batch(commit)
         hosts = self._placement(answering, commit.holders if commit else (), global_batch)
         if self._ranks(hosts) < self._ranks(self._placement(answering, ())):
@@ -254,18 +257,20 @@ class Supervisor:
         words = self.train if commit is None else (_without_flags(self.train, RESUME_FLAGS)
                                                    + [f"--resume-commit={commit.path}"])
         settings = {"SCAFFE_JOB_ID": self.job_id, "SCAFFE_COMMIT_DIR": self.commit_dir,
-                    "SCAFFE_COMMIT_ITERS": self.commit_iters}
+                    "SCAFFE_COMMIT_ITERS": self.commit_iters, "SCAFFE_LOST_S": self.lost_s}
         # Through `env`, so that every launcher passes them (mpirun_rsh passes no environment of its own).
         return ["env"] + [f"{name}={value}" for name, value in settings.items()] + words
 
     def _run_job(self, hosts, commit):
         """Runs the training job on `hosts` to its end, asking it to grow when discovery shows new hosts;
-        returns (its exit status, the hosts where the launcher saw a rank killed)."""
-        killed = KilledRanks()
+        returns (its exit status, the LostHosts its output showed)."""
+        lost = LostHosts(hosts)
         process = subprocess.Popen(self.launcher.command(hosts, self._train_program(commit)),
-                                   stdout=subprocess.PIPE, text=True, errors="replace")
-        relay = threading.Thread(target=_relay, args=(process.stdout, killed), daemon=True)
-        relay.start()
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+        relays = [threading.Thread(target=_relay, args=(stream, out, lost), daemon=True)
+                  for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr))]
+        for relay in relays:
+            relay.start()
         known = {host.name for host in self._listed_quietly()} | {host.name for host in hosts}
         grow_asked = False
         while True:
@@ -274,8 +279,9 @@ class Supervisor:
                 break
             except subprocess.TimeoutExpired:
                 grow_asked = grow_asked or self._ask_to_grow(hosts, known)
-        relay.join()
-        return status, killed.hosts
+        for relay in relays:
+            relay.join()
+        return status, lost
 
     def _listed_quietly(self):
         try:
@@ -335,12 +341,12 @@ class Supervisor:
         return answers
 
 
-def _relay(stream, killed):
-    """Copies the launcher's output to ours as it comes, showing each line to `killed`."""
+def _relay(stream, out, lost):
+    """Copies one of the launcher's output streams to ours (`out`) as it comes, showing each line to `lost`."""
     for line in stream:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        killed.feed(line)
+        out.write(line)
+        out.flush()
+        lost.feed(line)
 
 
 def _wait_or_kill(process, timeout):

@@ -1,9 +1,14 @@
-"""`scaffe elastic` across the bed's hosts (jobs/cluster.sh mpiexec as its launcher): a rank killed on one host
-sends the job on without that host from the newest commit, and a host appearing in discovery joins at the
-next commit. Needs the training side of scaffe.elastic (skips without it)."""
+"""`scaffe elastic` across the bed's hosts (jobs/cluster.sh mpiexec as its launcher), each with its own
+/dev/shm, where the commits live: a rank killed on one host sends the job on without that host from the
+newest commit, and a host appearing in discovery joins at the next commit (the commit copied to it); a host
+whose link goes down is found lost by the stall inspector (SCAFFE_LOST_S, which the supervisor sets) and left
+behind within seconds, long before the stall limit. Needs the training side of scaffe.elastic (skips without
+it)."""
 import os
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,20 +37,27 @@ def addresses(bed):
     return [line.split()[0] for line in lines if line]
 
 
+def elastic_job(bed, tmp_path, hosts, max_iter, env):
+    """`scaffe elastic` over the bed's `hosts` (addresses; a discovery script reads the file tmp_path/listed) on
+    a tiny LeNet of 24 samples an iteration, committing every 20 into each host's /dev/shm."""
+    listed = tmp_path / "listed"
+    listed.write_text("".join(f"{host}:1\n" for host in hosts))
+    discovery = tmp_path / "discover.sh"
+    discovery.write_text(f"#!/bin/sh\ncat {listed}\n")
+    discovery.chmod(0o755)
+    solver = write_tiny_solver(tmp_path, batch=8, max_iter=max_iter, display=1)
+    launcher = f"env {' '.join(bed.settings)} bash {CLUSTER} mpiexec"
+    env = {"SCAFFE_COMMIT_ITERS": "20", "SCAFFE_JOB_ID": f"bed-{tmp_path.name}", **env}
+    return Job(1, ["elastic", "--host-discovery-script", discovery, "--launcher", launcher, "--discovery-interval",
+                   "1", "--max-restarts", "1", "--", sys.executable, "-m", "scaffe", "train", f"--solver={solver}"],
+               env=env)
+
+
 def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tmp_path):
     bed = bed_of_four
     h1, h2, h3, h4 = addresses(bed)
     listed = tmp_path / "listed"
-    listed.write_text(f"{h1}:1\n{h2}:1\n{h3}:1\n")
-    discovery = tmp_path / "discover.sh"
-    discovery.write_text(f"#!/bin/sh\ncat {listed}\n")
-    discovery.chmod(0o755)
-    solver = write_tiny_solver(tmp_path, batch=8, max_iter=240, display=1)  # 24 samples an iteration
-    launcher = f"env {' '.join(bed.settings)} bash {CLUSTER} mpiexec"
-    env = {"SCAFFE_COMMIT_ITERS": "20", "SCAFFE_COMMIT_DIR": str(tmp_path / "shm"), "SCAFFE_STALL_S": "10"}
-    with Job(1, ["elastic", "--host-discovery-script", discovery, "--launcher", launcher, "--discovery-interval",
-                 "1", "--max-restarts", "1", "--", sys.executable, "-m", "scaffe", "train", f"--solver={solver}"],
-             env=env) as job:
+    with elastic_job(bed, tmp_path, [h1, h2, h3], 240, {"SCAFFE_STALL_S": "10"}) as job:
         killed_at, at = job.iteration()
         while killed_at < 45:
             killed_at, at = job.iteration(at + 1)
@@ -64,3 +76,25 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
         assert int(growth.group(1)) % 20 == 0 and int(growth.group(1)) > resumed
         assert job.finish(300) == 0, job.log[-3000:]
     assert "Optimization Done." in "".join(job.lines[at:])
+
+
+def test_a_host_behind_a_link_that_went_down_is_left_behind_in_seconds(bed_of_four, mnist, tmp_path):
+    bed = bed_of_four
+    h1, h2, h3, _ = addresses(bed)
+    link = ["ip", "netns", "exec", bed.namespace(2), "ip", "link", "set", "eth0"]
+    with elastic_job(bed, tmp_path, [h1, h2, h3], 120, {}) as job:  # the stall limit: 60 s
+        cut_at, at = job.iteration()
+        while cut_at < 45:
+            cut_at, at = job.iteration(at + 1)
+        subprocess.run(link + ["down"], check=True, timeout=30)
+        cut = time.monotonic()
+        try:
+            at, restart = job.wait_for(rf"restart 1 of at most 1: the job failed with exit status \d+; stopped "
+                                       rf"answering the job: {re.escape(h2)}; relaunching on {re.escape(h1)}:1,"
+                                       rf"{re.escape(h3)}:1 \(2 ranks\) from iteration (\d+)", start=at)
+            seconds = time.monotonic() - cut
+        finally:
+            subprocess.run(link + ["up"], check=True, timeout=30)
+        assert seconds < 30, f"{seconds:.0f} s"  # a lost rank, not the stall limit, ended the job
+        assert int(restart.group(1)) % 20 == 0
+        assert job.finish(300) == 0, job.log[-3000:]

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from collectives import stall
+from collectives import stall_report
 from collectives.settings import non_negative_seconds
 from mpi_harness import launch, run_ok
 
@@ -38,6 +38,23 @@ def test_frozen_rank_ends_the_job_with_a_report(place):
     for rank, operation, _, rest in reports:
         assert rank in ("0", "1") and operation in stuck, job.report()
         assert re.search(r"no answer \(frozen, dead or exited\): rank 2[;.]", rest), job.report()
+
+
+LOST_REPORT = re.compile(r"^scaffe: rank [01]: \w+ #\d+ \([^)]*\) has waited \d+ s and a rank of it has not answered "
+                         r"for SCAFFE_LOST_S=2 s; (.*)$", re.MULTILINE)
+
+
+def test_a_rank_that_stops_answering_ends_the_job_long_before_the_stall_limit():
+    job = launch(3, "stall.py", "stop", "small", timeout=60, env={"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2})
+    assert not job.timed_out and job.returncode != 0 and job.seconds < 25, job.report()
+    reports = LOST_REPORT.findall(job.stderr)
+    assert reports and all("no answer (frozen, dead or exited): rank 2" in rest for rest in reports), job.report()
+    assert stall_report.silent_ranks(job.stderr) == {2}
+
+
+def test_a_rank_slower_than_the_lost_limit_that_answers_is_waited_for():
+    job = run_ok(3, "stall.py", "5", "large", timeout=60, env={"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2})
+    assert "stall inspector running: True" in job.stdout, job.report()
 
 
 def test_killed_rank_ends_the_job():
@@ -83,9 +100,11 @@ def test_report_names_each_rank_by_what_it_does():
         4: {"started": {(0, "Allreduce"): 11}, "in_flight": []},
         5: {"started": {}, "in_flight": [(1, "Ireduce", 3, 2.0)]},
     }
-    text = stall.report(0, (0, "Allreduce", 12, 4 << 20, 20.7), [1, 2, 3, 4, 5], states, 20)
+    text = stall_report.report(0, (0, "Allreduce", 12, 4 << 20, 20.7), [1, 2, 3, 4, 5], states, 20)
     assert text == (
         "scaffe: rank 0: Allreduce #12 (4.0 MiB) has waited 21 s (SCAFFE_STALL_S=20); "
         "not joined: rank 2 (at Bcast #5 for 20 s), rank 4 (in no collective, computing: after Allreduce #11), "
         "rank 5 (at Ireduce #3 on communicator 1 for 2 s); "
         "no answer (frozen, dead or exited): rank 3; joined: rank 1. Aborting the job.\n")
+    assert stall_report.silent_ranks(text) == {3}
+    assert stall_report.silent_ranks("rank 3 (in no collective, computing)") == set()

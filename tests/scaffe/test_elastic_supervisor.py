@@ -13,8 +13,8 @@ import pytest
 
 from scaffe.cli import main
 from scaffe.elastic.hosts import Host, HostListError, HostSource, parse_hosts
-from scaffe.elastic.launchers import KilledRanks, Launcher, launcher_kind
-from scaffe.elastic.settings import DEFAULT_COMMIT_ITERS
+from scaffe.elastic.launchers import Launcher, LostHosts, launcher_kind
+from scaffe.elastic.settings import DEFAULT_COMMIT_ITERS, DEFAULT_LOST_S
 from scaffe.elastic.supervisor import (ElasticError, _flag_value, _without_flags, newest_commit,
                                        parse_command_line, parse_commit_lines)
 
@@ -71,11 +71,12 @@ def test_a_failed_job_restarts_from_the_newest_commit_on_the_hosts_that_answer(t
     first, second = bed.trainings()
     assert (first["hosts"], first["ranks"]) == ("h1:1,h2:1,h3:1", 3)
     assert first["program"] == ["env", "SCAFFE_JOB_ID=job", f"SCAFFE_COMMIT_DIR={bed.commit_dir}",
-                                f"SCAFFE_COMMIT_ITERS={DEFAULT_COMMIT_ITERS}", "scaffe", "train", f"--solver={bed.solver}",
+                                f"SCAFFE_COMMIT_ITERS={DEFAULT_COMMIT_ITERS}", f"SCAFFE_LOST_S={DEFAULT_LOST_S}", "scaffe",
+                                "train", f"--solver={bed.solver}",
                                 "--weights=start.caffemodel"]
     assert (second["hosts"], second["ranks"]) == ("h3:1,h1:1", 2)
     # The commit holds the weights: --weights gives way to --resume-commit.
-    assert second["program"][4:] == ["scaffe", "train", f"--solver={bed.solver}", f"--resume-commit={bed.commit(40)}"]
+    assert second["program"][5:] == ["scaffe", "train", f"--solver={bed.solver}", f"--resume-commit={bed.commit(40)}"]
     assert sorted(call["hosts"] for call in bed.calls() if "commits" in call["program"]) == ["h1:1", "h2:1", "h3:1"]
     # Every rank reads the commit on its own host: h1 gets a copy from h3 first.
     assert [(call["hosts"], call["program"][1:]) for call in bed.calls() if "-m" in call["program"]] == [
@@ -85,6 +86,19 @@ def test_a_failed_job_restarts_from_the_newest_commit_on_the_hosts_that_answer(t
     assert restarts == [restarts[0]] and restarts[0].endswith(
         f"restart 1 of at most 3: the job failed with exit status 1; not answering: h2; relaunching on "
         f"h3:1,h1:1 (2 ranks) from iteration 40 ({bed.commit(40)})")
+
+
+def test_a_host_the_stall_inspector_found_lost_is_left_out_unasked(tmp_path, monkeypatch, capsys):
+    """A link down: the rank of h2 stops answering, its peers' report names it, and the supervisor relaunches
+    without asking h2 (which would hang until --probe-timeout)."""
+    bed = Bed(tmp_path, monkeypatch, [{"exit": 1, "commits": {"h1": [20], "h2": [20], "h3": [20]}, "stalled": 1},
+                                      {"exit": 0}])
+    assert bed.run("--probe-timeout", "30") == 0
+    assert sorted(call["hosts"] for call in bed.calls() if "commits" in call["program"]) == ["h1:1", "h3:1"]
+    assert bed.trainings()[1]["hosts"] == "h1:1,h3:1"
+    assert log_lines(capsys, "relaunching")[0].endswith(
+        f"restart 1 of at most 3: the job failed with exit status 1; stopped answering the job: h2; relaunching "
+        f"on h1:1,h3:1 (2 ranks) from iteration 20 ({bed.commit(20)})")
 
 
 def test_a_host_whose_rank_was_killed_is_left_out_though_it_answers(tmp_path, monkeypatch, capsys):
@@ -256,13 +270,15 @@ def test_each_launcher_kind_places_the_ranks(tmp_path):
         "srun", "--overlap", "--ntasks", "6", "--nodes", "2", "--nodelist", "n1,n2", "a"]
 
 
-def test_hydra_reports_of_killed_ranks():
-    killed = KilledRanks()
+def test_hydra_reports_of_killed_ranks_and_stall_reports_of_lost_ones():
+    lost = LostHosts([Host("h1", 1), Host("h2", 2), Host("h3", 1), Host("h4", 1)])
     for line in ("=   PID 12 RUNNING AT h1", "=   EXIT CODE: 11",  # a crash: a bug, not the host
                  "=   RANK 1 PID 13 RUNNING AT h2", "=   KILLED BY SIGNAL: 9 (Killed)",
-                 "=   PID 14 RUNNING AT h3", "=   EXIT CODE: 9", "I1123 iteration 9 RUNNING AT h4"):
-        killed.feed(line)
-    assert killed.hosts == {"h2", "h3"}
+                 "=   PID 14 RUNNING AT h3", "=   EXIT CODE: 9", "I1123 iteration 9 RUNNING AT h4",
+                 "scaffe: rank 0: Bcast #3 (4 B) has waited 60 s (SCAFFE_STALL_S=60); no answer (frozen, dead or "
+                 "exited): rank 2, rank 4; joined: rank 1. Aborting the job.", "rank 3 no answer"):
+        lost.feed(line)
+    assert (lost.killed, lost.silent) == ({"h2", "h3"}, {"h2", "h4"})
 
 
 def test_the_newest_commit_and_its_holders():

@@ -4,10 +4,11 @@ It runs nothing real: it records every call, plays the training jobs a plan scri
 memory (its commits and GROW flag) in a folder of its own. FAKE_LAUNCHER_STATE names the state folder:
   plan.json    {"jobs": [JOB, ...]}, one JOB per training launch, in order:
                {"exit": 1, "commits": {"h1": [20, 40]}, "silent": ["h2"], "hangs": ["h3"], "killed": "h2",
-                "discover": "h1:1\\nh3:1\\n", "until_grow": true, "global_batch": 24}
+                "stalled": 1, "discover": "h1:1\\nh3:1\\n", "until_grow": true, "global_batch": 24}
                commits: written on those hosts (commit.json's global_batch: "global_batch", default 24);
                silent/hangs: hosts that from then on fail/hang when asked;
-               killed: print hydra's report of a rank of that host killed by SIGKILL; discover: the new text
+               killed: print hydra's report of a rank of that host killed by SIGKILL; stalled: print the stall
+               inspector's report of that rank lost, on stderr, and its host hangs from then on; discover: the new text
                of discovery.txt when the job starts; until_grow: wait for GROW on the job's first host, then
                write the commits and end.
   calls.jsonl  one {"hosts": "h1:1,...", "ranks": P, "program": [...]} per call
@@ -78,13 +79,23 @@ def train(hosts, program):
     for kind in ("silent", "hangs"):
         for host in job.get(kind, []):
             (STATE / f"{kind}_{host}").touch()
+    report_losses(job, hosts)
+    sys.exit(job["exit"])
+
+
+def report_losses(job, hosts):
+    """The stall inspector's report of a lost rank (on stderr) and hydra's of a killed one, as the job says."""
+    if "stalled" in job:  # and its host hangs from then on
+        (STATE / f"hangs_{hosts[job['stalled']]}").touch()
+        sys.stderr.write(f"scaffe: rank 0: Allreduce #9 (4 B) has waited 5 s and a rank of it has not answered for "
+                         f"SCAFFE_LOST_S=4 s; no answer (frozen, dead or exited): rank {job['stalled']}. "
+                         f"Aborting the job.\n")
     if "killed" in job:
         print("=" * 83)
         print("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES")
         print(f"=   PID 4242 RUNNING AT {job['killed']}")
         print("=   EXIT CODE: 9")
         print("=" * 83, flush=True)
-    sys.exit(job["exit"])
 
 
 def on_each_host(hosts, program):
