@@ -78,6 +78,7 @@ class Replication:
                 log.warning("Commits stay on this host: sending them to another needs MPI_THREAD_MULTIPLE")
             self.peer = None
         self.error = None  # the writer's failure, raised on the training thread
+        self.busy_s = None  # the root: how long the writer took to store and send the last commit
         self._captures = queue.Queue()
         self._thread = None
         if self.rank == root:
@@ -116,11 +117,13 @@ class Replication:
             capture = self._captures.get()
             if capture is _DONE:
                 break
+            started = time.perf_counter()
             try:
                 files = capture.files(self.layout)
                 store(self.directory, capture.name, files)
                 if self.peer is not None:
                     send_commit(self.link, self.peer, capture.name, files)
+                self.busy_s = time.perf_counter() - started
             except Exception as e:  # the next commit point raises it on the training thread
                 self.error = e
             finally:

@@ -24,7 +24,7 @@ import typing
 from scaffe.elastic.growth import EXIT_GROW
 from scaffe.elastic.hosts import Host, HostListError, HostSource
 from scaffe.elastic.launchers import Launcher, LostHosts
-from scaffe.elastic.settings import COMMITS_ROOT, DEFAULT_COMMIT_ITERS, DEFAULT_LOST_S
+from scaffe.elastic.settings import AUTO, COMMITS_ROOT, DEFAULT_LOST_S
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
@@ -120,7 +120,7 @@ class Supervisor:
         self.snapshot_prefix = read_solver_file(solver).snapshot_prefix
         self.job_id = environ.get("SCAFFE_JOB_ID") or f"{os.path.splitext(os.path.basename(solver))[0]}-{os.getpid()}"
         self.commit_dir = environ.get("SCAFFE_COMMIT_DIR") or os.path.join(COMMITS_ROOT, self.job_id)
-        self.commit_iters = environ.get("SCAFFE_COMMIT_ITERS") or str(DEFAULT_COMMIT_ITERS)
+        self.commit_iters = environ.get("SCAFFE_COMMIT_ITERS") or AUTO
         self.lost_s = environ.get("SCAFFE_LOST_S") or str(DEFAULT_LOST_S)
         self.scaffe = train[:train.index("train")]  # how this installation starts `scaffe`
         self.launcher = Launcher(shlex.split(options.launcher), work_dir)
@@ -135,8 +135,8 @@ class Supervisor:
             log.error("%d rank(s) on %s, fewer than --min-np %d: not starting", self._ranks(hosts),
                       _names(hosts), self.options.min_np)
             return 1
-        log.info("launching on %s (%d ranks), a commit every %s iterations in %s", _names(hosts),
-                 self._ranks(hosts), self.commit_iters, self.commit_dir)
+        log.info("launching on %s (%d ranks), committing into %s (SCAFFE_COMMIT_ITERS=%s)", _names(hosts),
+                 self._ranks(hosts), self.commit_dir, self.commit_iters)
         commit, restarts = None, 0
         while True:
             status, lost = self._run_job(hosts, commit)

@@ -195,3 +195,20 @@ def test_host_copies_are_reused_and_at_most_two_exist():
     assert first is not second and pool.take(timeout=0.01) is None
     pool.give_back(first)
     assert pool.take(timeout=0) is first
+
+
+def test_the_measured_spacing_keeps_a_commits_background_work_under_its_share(tmp_path):
+    """SCAFFE_COMMIT_ITERS=auto: 0.5 s to store and send a commit, against iterations of 0.1 s, needs 100 of them
+    between commits for 5%; work that takes less keeps the floor."""
+    from scaffe.elastic.committer import Committer
+    solver = _small_solver("SGD")
+    committer = Committer(solver, 2, str(tmp_path), measured=True)
+    committer._last_commit = {"iteration": 10, "seconds": 1.0}
+    committer.replication.busy_s = 0.5
+    assert committer._measured_spacing({"iteration": 20, "seconds": 2.0}) == 100
+    committer.replication.busy_s = 0.001
+    assert committer._measured_spacing({"iteration": 20, "seconds": 2.0}) == 2
+    committer.measured = False
+    committer.replication.busy_s = 0.5
+    assert committer._measured_spacing({"iteration": 20, "seconds": 2.0}) == 2
+    committer.close()

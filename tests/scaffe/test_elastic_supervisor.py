@@ -14,7 +14,7 @@ import pytest
 from scaffe.cli import main
 from scaffe.elastic.hosts import Host, HostListError, HostSource, parse_hosts
 from scaffe.elastic.launchers import Launcher, LostHosts, launcher_kind
-from scaffe.elastic.settings import DEFAULT_COMMIT_ITERS, DEFAULT_LOST_S
+from scaffe.elastic.settings import DEFAULT_LOST_S
 from scaffe.elastic.supervisor import (ElasticError, _flag_value, _without_flags, newest_commit,
                                        parse_command_line, parse_commit_lines)
 
@@ -71,7 +71,7 @@ def test_a_failed_job_restarts_from_the_newest_commit_on_the_hosts_that_answer(t
     first, second = bed.trainings()
     assert (first["hosts"], first["ranks"]) == ("h1:1,h2:1,h3:1", 3)
     assert first["program"] == ["env", "SCAFFE_JOB_ID=job", f"SCAFFE_COMMIT_DIR={bed.commit_dir}",
-                                f"SCAFFE_COMMIT_ITERS={DEFAULT_COMMIT_ITERS}", f"SCAFFE_LOST_S={DEFAULT_LOST_S}", "scaffe",
+                                "SCAFFE_COMMIT_ITERS=auto", f"SCAFFE_LOST_S={DEFAULT_LOST_S}", "scaffe",
                                 "train", f"--solver={bed.solver}",
                                 "--weights=start.caffemodel"]
     assert (second["hosts"], second["ranks"]) == ("h3:1,h1:1", 2)
