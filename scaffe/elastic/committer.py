@@ -9,7 +9,8 @@ At a commit point (after update N, N a multiple of the interval) every rank land
 flight, then on a communicator of the commits' own: the ranks' own states (random states, data readers'
 places) go to the root in one gather, and one small allreduce tells every rank whether any found the file
 GROW in its host's commit directory. The root copies the learnables and the history into host memory (one of
-two reused sets, scaffe.elastic.state.HostCopies): that copy is all the training thread pays; the files and the copy on another host are made by
+two reused sets, scaffe.elastic.state.HostCopies), and so does the replica, of what it holds: that copy is all
+the training thread pays; the files and the copy on another host are made by
 scaffe.elastic.replication's threads. After a commit that found GROW every rank raises GrowRequested
 (scaffe.elastic.growth).
 """
@@ -49,8 +50,10 @@ class Committer(SolverCallback):
         self.control = None if comm is None else MPI.Intracomm(MPI.Intracomm.Dup(comm))
         self.rank = 0 if comm is None else comm.Get_rank()
         self.size = 1 if comm is None else comm.Get_size()
-        self.replication = Replication(directory, ModelLayout(solver.net), comm, topology, self.root)
-        self.copies = HostCopies(solver) if self.rank == self.root else None
+        self.replication = Replication(directory, ModelLayout(solver.net), comm, topology, self.root,
+                                       solver.holds_history)
+        keeps = self.rank in (self.root, self.replication.peer)  # the ranks that copy their state at a commit
+        self.copies = HostCopies(solver, history=solver.holds_history) if keeps else None
         self.commits, self.spent_s = 0, 0.0
         self._first_record = self._last_record = None
         solver.callbacks.append(self)
@@ -85,6 +88,8 @@ class Committer(SolverCallback):
         if self.rank == self.root:
             global_batch = self.solver.net.batch_size * self.solver.param.iter_size * self.size
             self.replication.put(Capture(self.solver, ranks, global_batch, self._take_copies(), self.copies))
+        elif self.copies is not None:  # the replica's own copies
+            self.replication.put(Capture(self.solver, [], 0, self._take_copies(), self.copies))
         self.commits += 1
         self.spent_s += time.perf_counter() - started
         if grow:

@@ -1,14 +1,20 @@
 """Commits written to this host's shared memory and copied to another host's, by helper threads.
 
 The root (the rank that holds the solver's history under every schedule) hands each commit over as a
-scaffe.elastic.state.Capture; a writer thread turns it into files, stores them in this host's commit directory
-and sends them (send_commit: the arrays' own memory, no pickle) on a duplicate communicator to the replica: rank (root + ranks on the root's host) % P, the
-first rank of the next host, whose receiver thread stores them in that host's directory. With one host the
-replica would be the same directory: nothing travels. Nodes are collectives' (SCAFFE_RANKS_PER_NODE cuts a
-host into simulated ones, so that CI sends a replica across).
+scaffe.elastic.state.Capture; a writer thread turns it into files and stores them in this host's commit
+directory. The replica, rank (root + ranks on the root's host) % P, the first rank of the next host, keeps
+one too: every rank holds the parameters at a commit point, so it copies its own, and its own history where
+it holds one (not under the S-Caffe schedule). The writer sends it the rest (send_commit: the arrays' own
+memory, no pickle; for AlexNet's S-Caffe schedule the 244 MB of history instead of 488 MB, under the allreduce
+schedule a few kB) on a duplicate communicator, with the checksums of the files the replica makes itself; its
+receiver thread makes them, checks them against the root's (a difference means the ranks have diverged: an
+error) and stores the commit in that host's directory. With one host the replica would be the same
+directory: nothing travels. Nodes are collectives' (SCAFFE_RANKS_PER_NODE cuts a host into simulated ones, so
+that CI sends a replica across).
 
 Helper threads may call MPI only under MPI_THREAD_MULTIPLE; without it commits stay on the root's host.
 """
+import json
 import queue
 import threading
 import time
@@ -16,7 +22,7 @@ import time
 import numpy
 from mpi4py import MPI
 
-from scaffe.elastic.state import store
+from scaffe.elastic.state import COMMIT_FILE, FILES, MODEL_FILE, STATE_FILE, checksum, store
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
@@ -31,21 +37,28 @@ def replica_rank(root, topology):
     return None if node_of[peer] == node_of[root] else peer
 
 
-def send_commit(link, dest, name, files):
-    """Sends commit `name` ({file: buffers}, as scaffe.elastic.state.store takes them) to rank `dest`: a message
-    naming the files and their buffers' sizes, then each buffer as it is, unpickled and uncopied."""
-    link.send((name, {file: [memoryview(chunk).nbytes for chunk in chunks] for file, chunks in files.items()}),
-              dest=dest)
-    for chunks in files.values():
+class ReplicaMismatch(RuntimeError):
+    """The replica's own copy of the parameters or history differs from the root's."""
+
+
+def send_commit(link, dest, name, files, own=()):
+    """Sends commit `name` ({file: buffers}, as scaffe.elastic.state.store takes them) to rank `dest`, which
+    makes the files `own` itself: a message naming the other files with their buffers' sizes, and the
+    checksums of `own`'s, then each buffer of the others as it is, unpickled and uncopied."""
+    sent = {file: chunks for file, chunks in files.items() if file not in own}
+    link.send((name, {file: [memoryview(chunk).nbytes for chunk in chunks] for file, chunks in sent.items()},
+               {file: checksum(files[file]) for file in own}), dest=dest)
+    for chunks in sent.values():
         for chunk in chunks:
             link.Send([chunk, MPI.BYTE], dest=dest)
 
 
 def receive_commit(link, source, message, buffers):
-    """(name, {file: [its bytes]}) of the commit whose first message (send_commit's) is `message`, received into
+    """(name, {file: [its bytes]}, {file: checksum} of those it is to make) of the commit whose first message
+    (send_commit's) is `message`, the files received into
     `buffers` ({file: uint8 array}, grown where too small and kept for the next commit: fresh memory for
     AlexNet's 488 MB would cost each commit 1.5 s of page faults)."""
-    name, sizes = message
+    name, sizes, sums = message
     files = {}
     for file, chunk_sizes in sizes.items():
         total = sum(chunk_sizes)
@@ -57,7 +70,7 @@ def receive_commit(link, source, message, buffers):
             link.Recv([data[offset:offset + size], MPI.BYTE], source=source)
             offset += size
         files[file] = [data]
-    return name, files
+    return name, files, sums
 
 
 _PROBE_S = 0.01  # how often the receiver looks for the next commit
@@ -67,7 +80,7 @@ class Replication:
     """This rank's part in keeping commits: the root's writer, the replica's receiver, or nothing.
     Collective over `comm` (None: a single process); `topology`: collectives.topology.Topology of it."""
 
-    def __init__(self, directory, layout, comm=None, topology=None, root=0):
+    def __init__(self, directory, layout, comm=None, topology=None, root=0, holds_history=True):
         self.directory, self.layout, self.root = directory, layout, root
         self.rank = 0 if comm is None else comm.Get_rank()
         threads = comm is not None and MPI.Query_thread() == MPI.THREAD_MULTIPLE
@@ -77,9 +90,13 @@ class Replication:
             if self.rank == root:
                 log.warning("Commits stay on this host: sending them to another needs MPI_THREAD_MULTIPLE")
             self.peer = None
-        self.error = None  # the writer's failure, raised on the training thread
+        # The files the replica makes from its own copies (told by it: whether it holds the history).
+        peer_history = self.link.bcast(holds_history, root=self.peer) if self.peer is not None else False
+        self.own = (MODEL_FILE, STATE_FILE) if peer_history else (MODEL_FILE,)
+        self.holds_history = holds_history
+        self.error = None  # the helper thread's failure, raised on the training thread
         self.busy_s = None  # the root: how long the writer took to store and send the last commit
-        self._captures = queue.Queue()
+        self._captures = queue.Queue()  # the root's, for the writer; the replica's own, for the receiver
         self._thread = None
         if self.rank == root:
             self._thread = threading.Thread(target=self._write_and_send, name="scaffe-commit-writer", daemon=True)
@@ -89,7 +106,8 @@ class Replication:
             self._thread.start()
 
     def put(self, capture):
-        """The root: commit `capture` (a Capture) in the background; the writer releases it when done."""
+        """The root: commit `capture` (a Capture) in the background; the writer releases it when done. The
+        replica: its own copies of that commit, which the receiver completes and releases."""
         self._raise_failure()
         self._captures.put(capture)
 
@@ -103,12 +121,14 @@ class Replication:
             self._raise_failure()
 
     def check(self):
-        """Raises the writer's failure, or says that it has stopped (the root)."""
+        """Raises the helper thread's failure, or says that it has stopped."""
         self._raise_failure()
         if self._thread is not None and not self._thread.is_alive():
-            raise OSError(f"the commit writer of {self.directory} has stopped")
+            raise OSError(f"the commit thread of {self.directory} has stopped")
 
     def _raise_failure(self):
+        if isinstance(self.error, ReplicaMismatch):
+            raise self.error
         if self.error is not None:
             raise OSError(f"writing a commit into {self.directory} failed: {self.error}")
 
@@ -122,7 +142,7 @@ class Replication:
                 files = capture.files(self.layout)
                 store(self.directory, capture.name, files)
                 if self.peer is not None:
-                    send_commit(self.link, self.peer, capture.name, files)
+                    send_commit(self.link, self.peer, capture.name, files, self.own)
                 self.busy_s = time.perf_counter() - started
             except Exception as e:  # the next commit point raises it on the training thread
                 self.error = e
@@ -142,8 +162,31 @@ class Replication:
             message = self.link.recv(source=self.root)
             if message is _DONE:
                 return
-            name, files = receive_commit(self.link, self.root, message, buffers)
+            name, files, sums = receive_commit(self.link, self.root, message, buffers)
+            mine = self._own_capture(name)
             try:
-                store(self.directory, name, files)
-            except OSError as e:  # the root goes on; this host just keeps no copy of this one
-                log.warning("The replica of commit %s could not be written into %s: %s", name, self.directory, e)
+                self._complete(name, files, sums, mine)
+            except ReplicaMismatch as e:
+                self.error = e
+            finally:
+                mine.release()
+
+    def _own_capture(self, name):
+        """This rank's own Capture of commit `name` (those of commits the root did not send are let go)."""
+        while (capture := self._captures.get()).name != name:
+            capture.release()
+        return capture
+
+    def _complete(self, name, files, sums, mine):
+        """Stores commit `name`: the `files` received and, made from `mine`, those whose checksums are `sums`."""
+        meta = json.loads(bytes(files[COMMIT_FILE][0]))
+        made = mine.own_files(self.layout, meta, tuple(sums))
+        for file, chunks in made.items():
+            if checksum(chunks) != sums[file]:
+                raise ReplicaMismatch(f"commit {name}: rank {self.rank}'s own {file} differs from the root's: the "
+                                      f"ranks' {'parameters' if file == MODEL_FILE else 'solver history'} have "
+                                      f"diverged")
+        try:
+            store(self.directory, name, {file: files.get(file) or made[file] for file in FILES})
+        except OSError as e:  # the root goes on; this host just keeps no copy of this one
+            log.warning("The replica of commit %s could not be written into %s: %s", name, self.directory, e)

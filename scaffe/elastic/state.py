@@ -17,6 +17,7 @@ import random
 import re
 import shutil
 import time
+import zlib
 
 import numpy
 
@@ -25,6 +26,7 @@ from scaffe.io import CaffeFormatError
 from scaffe.proto import caffe_pb2
 
 COMMIT_FILE, MODEL_FILE, STATE_FILE, RANKS_FILE = "commit.json", "model.caffemodel", "state.solverstate", "ranks.json"
+FILES = (MODEL_FILE, STATE_FILE, RANKS_FILE, COMMIT_FILE)  # in the order they are written: commit.json last
 KEEP = 2  # a host's newest commits kept: the one being written may be lost with the host, the one before is whole
 _NAME = re.compile(r"iter_(\d{9})$")
 
@@ -142,8 +144,8 @@ class HostCopies:
     each commit their page faults: AlexNet's 488 MB took the training thread 1.5 s, reused ones 0.1 s. The
     first set is made, and its pages touched, before training starts."""
 
-    def __init__(self, solver, sets=2):
-        self.solver, self._sets = solver, sets
+    def __init__(self, solver, sets=2, history=True):
+        self.solver, self._sets, self._history = solver, sets, history
         self._free, self._made = queue.Queue(), 0
         first = self.take(timeout=0)
         for array in first[0] + first[1]:
@@ -160,7 +162,7 @@ class HostCopies:
         if self._made < self._sets:
             self._made += 1
             return ([numpy.empty(blob.data.shape, blob.data.dtype) for blob in self.solver.net.learnable_params],
-                    [numpy.empty(h.shape, h.dtype) for h in self.solver.history])
+                    [numpy.empty(h.shape, h.dtype) for h in self.solver.history] if self._history else [])
         try:
             return self._free.get(timeout=timeout)
         except queue.Empty:
@@ -172,7 +174,9 @@ class HostCopies:
 
 class Capture:
     """A commit in this process's memory: the learnables and the history copied into a set of HostCopies on the
-    training thread, turned into the commit's files later, on another (`files`), and then given back."""
+    training thread, turned into the commit's files later, on another (`files`), and then given back. The
+    replica's is of its own copies (the history where it holds it), from which it makes the files that the root
+    does not send (`own_files`)."""
 
     def __init__(self, solver, ranks, global_batch, copies, pool):
         self.iteration = solver.iter
@@ -185,7 +189,7 @@ class Capture:
         self.learnables, self.history = copies
         for blob, copy in zip(solver.net.learnable_params, self.learnables):
             _copy_to_host(blob.data, copy)
-        for h, copy in zip(solver.history, self.history):
+        for h, copy in zip(solver.history, self.history):  # none where this rank does not hold the history
             _copy_to_host(h, copy)
 
     @property
@@ -197,11 +201,24 @@ class Capture:
         self._pool.give_back(self.copies)
 
     def files(self, layout):
-        """{file name: buffers} of the commit directory, the arrays' buffers their own memory."""
-        return {MODEL_FILE: layout.model_chunks(self.learnables),
-                STATE_FILE: state_chunks(self.iteration, MODEL_FILE, self.meta["current_step"], self.history),
-                RANKS_FILE: [json.dumps(self.ranks).encode()],
-                COMMIT_FILE: [json.dumps(self.meta, indent=1).encode()]}  # last: it says the others are there
+        """{file name: buffers} of the commit directory, in FILES' order, the arrays' buffers their own memory."""
+        return {**self.own_files(layout, self.meta, (MODEL_FILE, STATE_FILE)),
+                RANKS_FILE: [json.dumps(self.ranks).encode()], COMMIT_FILE: [json.dumps(self.meta, indent=1).encode()]}
+
+    def own_files(self, layout, meta, names):
+        """{file: buffers} of `names` (MODEL_FILE, STATE_FILE) of the commit that commit.json `meta` describes,
+        made from this capture's copies."""
+        made = {MODEL_FILE: lambda: layout.model_chunks(self.learnables),
+                STATE_FILE: lambda: state_chunks(meta["iter"], MODEL_FILE, meta["current_step"], self.history)}
+        return {name: made[name]() for name in names}
+
+
+def checksum(chunks):
+    """The CRC-32 of buffers `chunks` written one after another."""
+    crc = 0
+    for chunk in chunks:
+        crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def _copy_to_host(array, host):

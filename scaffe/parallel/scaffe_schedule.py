@@ -97,6 +97,7 @@ class SCaffeSchedule(Schedule):
         self._flags_down = numpy.zeros(self.flag_count + 1, numpy.int64)
         self._announce = self._flags_reduce = None
         solver.applies_update = False  # the root updates blob by blob below, the others receive it
+        solver.holds_history = self.rank == self.root
 
     def on_start(self):
         self.passes = 0

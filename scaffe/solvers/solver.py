@@ -39,7 +39,8 @@ class Solver:
     polls `local_requests()` itself); the solver then never polls on its own. `test_sharding`
     (see scaffe.parallel.sharded_testing), when set, deals the test batches out to all ranks.
     A schedule that updates the parameters itself (the scaffe schedule's root, blob by blob, for
-    every rank) sets `applies_update` False: apply_update then only accounts for the rate.
+    every rank) sets `applies_update` False: apply_update then only accounts for the rate; one that keeps
+    the solver's history on another rank (the scaffe schedule's non-root ranks) sets `holds_history` False.
 
     Non-root solvers (`root_solver=False`) neither display nor snapshot, like Caffe's worker
     solvers; the root does those for everyone. They test only when testing is sharded.
@@ -68,6 +69,7 @@ class Solver:
         self.smoothed_loss = 0.0
         self.last_rate = None
         self.applies_update = True
+        self.holds_history = True
         self.capture = None  # the scaffe.capture.CapturedIteration, made by the first step()
         self._passes_loss = 0.0
         self.flat = None  # the learnables' flat buffers (scaffe.solvers.flat) where the solver keeps them

@@ -212,3 +212,37 @@ def test_the_measured_spacing_keeps_a_commits_background_work_under_its_share(tm
     committer.replication.busy_s = 0.5
     assert committer._measured_spacing({"iteration": 20, "seconds": 2.0}) == 2
     committer.close()
+
+
+def test_the_replica_makes_the_parameters_file_itself_and_refuses_one_that_differs(tmp_path):
+    """The root sends the replica the files it lacks and the checksums of those it makes from its own copies:
+    equal copies give the root's bytes; a parameter that differs (diverged ranks) is an error, not a commit."""
+    from scaffe.elastic.replication import ReplicaMismatch, Replication
+    from scaffe.elastic.state import Capture, HostCopies, ModelLayout, checksum
+    solver = _small_solver("SGD")
+    layout = ModelLayout(solver.net)
+    pool, own_pool = HostCopies(solver), HostCopies(solver, history=False)
+    root = Capture(solver, [{}], 2, pool.take(timeout=0), pool).files(layout)
+    replica = Replication(str(tmp_path / "replica"), layout)
+    sent = {name: [b"".join(bytes(chunk) for chunk in root[name])]
+            for name in ("state.solverstate", "ranks.json", "commit.json")}
+    sums = {"model.caffemodel": checksum(root["model.caffemodel"])}
+    mine = Capture(solver, [], 0, own_pool.take(timeout=0), own_pool)
+    replica._complete("iter_000000002", dict(sent), sums, mine)
+    stored = tmp_path / "replica" / "iter_000000002"
+    assert (stored / "model.caffemodel").read_bytes() == b"".join(bytes(chunk) for chunk in root["model.caffemodel"])
+    mine.learnables[0].flat[0] += 1
+    with pytest.raises(ReplicaMismatch, match="commit iter_000000003: rank 0's own model.caffemodel differs from the "
+                                              "root's: the ranks' parameters have diverged"):
+        replica._complete("iter_000000003", dict(sent), sums, mine)
+    replica.close()
+
+
+def test_under_the_allreduce_schedule_the_replica_makes_its_commit_from_its_own_state(job):
+    """Every rank holds the parameters and the history there: only ranks.json and commit.json travel, and the
+    replica's files equal the root's byte for byte (a difference would have ended the job)."""
+    done = _mpiexec(job, ["c0", "c1"], ["--schedule=allreduce"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("model.caffemodel", "state.solverstate", "ranks.json", "commit.json"):
+        assert _bytes(job / "c1/iter_000000006", name) == _bytes(job / "c0/iter_000000006", name), name
+    assert len(sio.read_solverstate(job / "c1/iter_000000006/state.solverstate").history) == 8
