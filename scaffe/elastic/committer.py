@@ -59,7 +59,7 @@ class Committer(SolverCallback):
         solver.callbacks.append(self)
         if self.rank == self.root:
             log.info("Committing the training state every %d iterations%s into %s%s", every,
-                     " or more, as measured" if measured else "", directory,
+                     " or more, as measured," if measured else "", directory,
                      f" (a copy on rank {self.replication.peer}'s host)" if self.replication.peer is not None else "")
             self._warn_unkept_readers()
 
