@@ -5,6 +5,7 @@ launcher command's words; anything else is taken for hydra."""
 import os
 import re
 import tempfile
+import time
 
 from collectives.stall_report import silent_ranks
 from scaffe.elastic.hosts import LOCALHOST
@@ -14,13 +15,15 @@ from scaffe.elastic.hosts import LOCALHOST
 # MPICH 4), then "=   EXIT CODE: 9" or "=   KILLED BY SIGNAL: 9 (Killed)".
 _RUNNING_AT = re.compile(r"^=\s+(?:RANK \d+ )?PID \d+ RUNNING AT (\S+)")
 _ENDED_WITH = re.compile(r"^=\s+(?:EXIT CODE|KILLED BY SIGNAL): (\d+)")
+# srun's: "srun: error: node2: task 1: Killed" (or "tasks 0-3").
+_SRUN_KILLED = re.compile(r"^srun: error: (\S+): tasks? [0-9,-]+: Killed")
 # SIGKILL: kill -9, the kernel's OOM killer, a node's watchdog; not a bug that would fail on any host.
 _HOST_FAULT_SIGNAL = 9
 
 
 class LostHosts:
     """The hosts a job's output (its lines fed one by one, stdout's and stderr's) shows lost: `killed`, where
-    the launcher reports a rank killed by SIGKILL (only hydra names them), and `silent`, where the stall
+    the launcher reports a rank killed by SIGKILL (hydra and srun name them), and `silent`, where the stall
     inspector's report names a rank that stopped answering (SCAFFE_LOST_S). The job's ranks sit on `hosts` in
     order, slot after slot, as every launcher here places them."""
 
@@ -28,6 +31,8 @@ class LostHosts:
         self.killed, self.silent = set(), set()
         self._rank_hosts = [host.name for host in hosts for _ in range(host.slots)]
         self._running_at = None
+        self._srun_reported = False
+        self.silent_since = None  # time.monotonic() of the first report of a lost rank
 
     def feed(self, line):
         running_at = _RUNNING_AT.match(line)
@@ -37,7 +42,16 @@ class LostHosts:
         ended = _ENDED_WITH.match(line)
         if ended and self._running_at and int(ended.group(1)) == _HOST_FAULT_SIGNAL:
             self.killed.add(self._running_at)
-        self.silent |= {self._rank_hosts[rank] for rank in silent_ranks(line) if rank < len(self._rank_hosts)}
+        # srun kills the other tasks itself once one has failed and says so the same way: only the first
+        # report, and none after the stall inspector's, names a host's fault.
+        srun_killed = _SRUN_KILLED.match(line)
+        if srun_killed and not (self.silent or self._srun_reported):
+            self.killed.add(srun_killed.group(1))
+        self._srun_reported |= bool(srun_killed)
+        silent = {self._rank_hosts[rank] for rank in silent_ranks(line) if rank < len(self._rank_hosts)}
+        if silent and self.silent_since is None:
+            self.silent_since = time.monotonic()
+        self.silent |= silent
 
 
 def launcher_kind(words):
@@ -66,7 +80,7 @@ class Launcher:
 
     def command(self, hosts, program, beside_job=False):
         """The command line that runs `program` (a list of words) on every slot of `hosts`; `beside_job`:
-        while the training job holds those hosts (srun then needs --overlap to share them)."""
+        while the training job holds those hosts (hydra and mpirun_rsh start it as any other)."""
         ranks = str(sum(host.slots for host in hosts))
         placement = getattr(self, f"_{self.kind}")(hosts, ranks, beside_job)
         return self.words + placement + list(program)
@@ -84,7 +98,10 @@ class Launcher:
         return ["-np", ranks, "-hostfile", f.name]
 
     def _srun(self, hosts, ranks, beside_job):
-        placement = (["--overlap"] if beside_job else []) + ["--ntasks", ranks]
+        # Every step shares its nodes (--overlap): the supervisor's side jobs run beside the training, and a
+        # relaunch must start while Slurm still counts the failed step, which waits for a lost node, as running.
+        del beside_job
+        placement = ["--overlap", "--ntasks", ranks]
         if is_local(hosts):
             return placement
         return placement + ["--nodes", str(len(hosts)), "--nodelist", ",".join(host.name for host in hosts)]

@@ -34,6 +34,9 @@ RESUME_FLAGS = ("snapshot", "weights", "resume-commit")
 # Writing a big net's commit as a snapshot, or copying it to another host, may take a while; a host that takes
 # longer has failed.
 SNAPSHOT_TIMEOUT_S = 600
+# Once the stall inspector's report names a lost rank, the launcher has this long to end the job itself.
+LAUNCHER_GRACE_S = 2  # hydra ends an aborted job in well under a second; srun waits for the lost node
+_LOST_POLL_S = 0.25
 
 
 class ElasticError(RuntimeError):
@@ -275,9 +278,12 @@ class Supervisor:
         grow_asked = False
         while True:
             try:
-                status = process.wait(timeout=self.options.discovery_interval)
+                status = process.wait(timeout=self.options.discovery_interval if not lost.silent else _LOST_POLL_S)
                 break
             except subprocess.TimeoutExpired:
+                if lost.silent and time.monotonic() - lost.silent_since > LAUNCHER_GRACE_S:
+                    status = _end_launcher(process)
+                    break
                 grow_asked = grow_asked or self._ask_to_grow(hosts, known)
         for relay in relays:
             relay.join()
@@ -339,6 +345,18 @@ class Supervisor:
             if process.returncode == 0:
                 answers[name] = parse_commit_lines(out)
         return answers
+
+
+def _end_launcher(process):
+    """Ends a launcher that waits on a lost host (srun waited 31 s for a node behind a downed link to confirm
+    that its task ended): SIGTERM, then SIGKILL. Returns its exit status."""
+    log.warning("the launcher has not ended the job %d s after a rank was found lost: ending it", LAUNCHER_GRACE_S)
+    process.terminate()
+    try:
+        return process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 def _relay(stream, out, lost):

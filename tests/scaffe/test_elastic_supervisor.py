@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,17 @@ def test_a_host_the_stall_inspector_found_lost_is_left_out_unasked(tmp_path, mon
     assert log_lines(capsys, "relaunching")[0].endswith(
         f"restart 1 of at most 3: the job failed with exit status 1; stopped answering the job: h2; relaunching "
         f"on h1:1,h3:1 (2 ranks) from iteration 20 ({bed.commit(20)})")
+
+
+def test_a_launcher_that_waits_on_a_lost_host_is_ended(tmp_path, monkeypatch, capsys):
+    """srun waited 31 s for a node behind a downed link: after the report the launcher gets LAUNCHER_GRACE_S."""
+    bed = Bed(tmp_path, monkeypatch, [{"exit": 1, "commits": {"h1": [20], "h3": [20]}, "stalled": 1, "lingers": 120},
+                                      {"exit": 0}])
+    started = time.monotonic()
+    assert bed.run() == 0
+    assert time.monotonic() - started < 60
+    assert bed.trainings()[1]["hosts"] == "h1:1,h3:1"
+    assert log_lines(capsys, "has not ended the job")
 
 
 def test_a_host_whose_rank_was_killed_is_left_out_though_it_answers(tmp_path, monkeypatch, capsys):
@@ -268,6 +280,8 @@ def test_each_launcher_kind_places_the_ranks(tmp_path):
     assert Path(rsh[4]).read_text() == "n1:4\nn2:2\n"
     assert Launcher(["srun"], tmp_path).command(hosts, ["a"], beside_job=True) == [
         "srun", "--overlap", "--ntasks", "6", "--nodes", "2", "--nodelist", "n1,n2", "a"]
+    assert Launcher(["srun"], tmp_path).command([Host("localhost", 2)], ["a"]) == ["srun", "--overlap", "--ntasks", "2",
+                                                                                   "a"]
 
 
 def test_hydra_reports_of_killed_ranks_and_stall_reports_of_lost_ones():
@@ -276,9 +290,14 @@ def test_hydra_reports_of_killed_ranks_and_stall_reports_of_lost_ones():
                  "=   RANK 1 PID 13 RUNNING AT h2", "=   KILLED BY SIGNAL: 9 (Killed)",
                  "=   PID 14 RUNNING AT h3", "=   EXIT CODE: 9", "I1123 iteration 9 RUNNING AT h4",
                  "scaffe: rank 0: Bcast #3 (4 B) has waited 60 s (SCAFFE_STALL_S=60); no answer (frozen, dead or "
-                 "exited): rank 2, rank 4; joined: rank 1. Aborting the job.", "rank 3 no answer"):
+                 "exited): rank 2, rank 4; joined: rank 1. Aborting the job.", "rank 3 no answer",
+                 "srun: error: h4: tasks 2-3: Killed", "srun: error: h1: task 0: Exited with exit code 1"):
         lost.feed(line)
-    assert (lost.killed, lost.silent) == ({"h2", "h3"}, {"h2", "h4"})
+    assert (lost.killed, lost.silent) == ({"h2", "h3"}, {"h2", "h4"})  # h4's: srun's, after the report
+    first = LostHosts([Host("n1", 1), Host("n2", 1), Host("n3", 1)])
+    for line in ("srun: error: n2: task 1: Killed", "srun: error: n1: task 0: Killed"):
+        first.feed(line)
+    assert first.killed == {"n2"}  # n1's task was killed by srun, after n2's
 
 
 def test_the_newest_commit_and_its_holders():

@@ -8,7 +8,8 @@ memory (its commits and GROW flag) in a folder of its own. FAKE_LAUNCHER_STATE n
                commits: written on those hosts (commit.json's global_batch: "global_batch", default 24);
                silent/hangs: hosts that from then on fail/hang when asked;
                killed: print hydra's report of a rank of that host killed by SIGKILL; stalled: print the stall
-               inspector's report of that rank lost, on stderr, and its host hangs from then on; discover: the new text
+               inspector's report of that rank lost, on stderr, and its host hangs from then on; lingers:
+               seconds to wait before exiting (a launcher waiting on a lost host); discover: the new text
                of discovery.txt when the job starts; until_grow: wait for GROW on the job's first host, then
                write the commits and end.
   calls.jsonl  one {"hosts": "h1:1,...", "ranks": P, "program": [...]} per call
@@ -80,6 +81,7 @@ def train(hosts, program):
         for host in job.get(kind, []):
             (STATE / f"{kind}_{host}").touch()
     report_losses(job, hosts)
+    time.sleep(job.get("lingers", 0))
     sys.exit(job["exit"])
 
 
