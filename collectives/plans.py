@@ -2,7 +2,8 @@
 
 Each override (Reduce, Ireduce, ...) of a communicator has a `Lane` (collectives.planning). A call looks
 up the plan its buffers' identities name in the lane's small cache and checks that the rest of its
-signature (op, root, the message's type, dtype and size) is the plan's; a miss builds the plan there. Either way the call then runs `plan.run(...)`. A plan's path (native MPI, a
+signature (op, root, the message's type, dtype and size) is the plan's; a miss builds the plan there.
+Either way the call then runs `plan.run(...)`. A plan's path (native MPI, a
 host algorithm, the node's device path) is a function of the signature alone, which every rank of a
 correct program shares, so every rank takes the same path whether it found the plan or built it.
 

@@ -33,7 +33,7 @@ SCAFFE_LOST_S           seconds >= 0        0                     while a collec
                                                                   not answered the stall inspector for this long
                                                                   is lost: the job ends at once, with the report;
                                                                   0: off, only the stall limit ends it; `scaffe
-                                                                  elastic` sets 4 (lost_seconds)
+                                                                  elastic` sets 3 (lost_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
 SCAFFE_CUDA_AWARE       0 or 1              unset: detected       whether the MPI library takes device buffers, in
                                             (algorithms.          place of the detection; 1: the leaders' device

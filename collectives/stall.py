@@ -8,9 +8,10 @@ questions; when one of its own operations has waited too long it asks the other 
 communicator for their state, gives them a few seconds to answer, prints one report on stderr and aborts
 the job. With SCAFFE_LOST_S it also asks them, while an operation waits, whether they are there: one that
 has not answered for that long (dead, frozen, or behind a link that is down) ends the job at once, long
-before the stall limit, which a live rank that is only slow to join still has. Its messages travel on its own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls
-(improbe, isend, Test): a thread blocked in MPI could not report the very hang it is there for. Ranks are
-named by their rank in COMM_WORLD, so nothing depends on where they run.
+before the stall limit, which a live rank that is only slow to join still has. Its messages travel on its
+own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls (improbe, isend, Test): a thread
+blocked in MPI could not report the very hang it is there for. Ranks are named by their rank in
+COMM_WORLD, so nothing depends on where they run.
 """
 import atexit
 import sys
@@ -139,8 +140,8 @@ class _Inspector:
         self._collect()
         now = time.perf_counter()
         others = self._others(op[0])
-        if any(now - self.asked[rank] > self.lost_s for rank in others if rank in self.asked):
-            silent = {rank for rank in others if rank in self.asked and now - self.asked[rank] > self.lost_s}
+        silent = {rank for rank in others if rank in self.asked and now - self.asked[rank] > self.lost_s}
+        if silent:
             states = {rank: state for rank, state in self.states.items() if rank not in silent}
             abort_job(report(self.rank, op[:4] + (now - op[4],), others, states, self.stall_s, self.lost_s))
         for rank in others:

@@ -313,8 +313,7 @@ def _varint(n):
 
 
 def _packed_field(number, values, dtype):
-    raw = numpy.ascontiguousarray(values, dtype=dtype).tobytes()
-    return _varint(number << 3 | 2) + _varint(len(raw)) + raw
+    return b"".join(field_chunks(number, [numpy.ascontiguousarray(values, dtype=dtype).tobytes()]))
 
 
 def field_chunks(number, chunks):

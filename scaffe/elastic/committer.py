@@ -72,7 +72,7 @@ class Committer(SolverCallback):
     def on_iteration(self, record):
         self._first_record = self._first_record or record
         self._last_record = record
-        if self.solver.iter % self.every if self._next is None else self.solver.iter < self._next:
+        if not self._due():
             return
         started = time.perf_counter()
         self.solver.parameters_read()
@@ -97,6 +97,10 @@ class Committer(SolverCallback):
             log.warning("Rank %d: %s found at iteration %d: stopping after commit %s, to grow", self.rank,
                         GROW_FILE, self.solver.iter, path)
             raise GrowRequested(self.solver.iter, path)
+
+    def _due(self):
+        """Whether this iteration commits: the first at a multiple of `every`, each later one `spacing` after."""
+        return self.solver.iter % self.every == 0 if self._next is None else self.solver.iter >= self._next
 
     def _measured_spacing(self, record):
         """The root: the iterations until the next commit. Measured, so that storing and sending the last commit

@@ -5,8 +5,8 @@ scaffe.elastic.state.Capture; a writer thread turns it into files and stores the
 directory. The replica, rank (root + ranks on the root's host) % P, the first rank of the next host, keeps
 one too: every rank holds the parameters at a commit point, so it copies its own, and its own history where
 it holds one (not under the S-Caffe schedule). The writer sends it the rest (send_commit: the arrays' own
-memory, no pickle; for AlexNet's S-Caffe schedule the 244 MB of history instead of 488 MB, under the allreduce
-schedule a few kB) on a duplicate communicator, with the checksums of the files the replica makes itself; its
+memory, no pickle: under the S-Caffe schedule the history, under the allreduce schedule only the small JSON
+files) on a duplicate communicator, with the checksums of the files the replica makes itself; its
 receiver thread makes them, checks them against the root's (a difference means the ranks have diverged: an
 error) and stores the commit in that host's directory. With one host the replica would be the same
 directory: nothing travels. Nodes are collectives' (SCAFFE_RANKS_PER_NODE cuts a host into simulated ones, so
@@ -55,9 +55,8 @@ def send_commit(link, dest, name, files, own=()):
 
 def receive_commit(link, source, message, buffers):
     """(name, {file: [its bytes]}, {file: checksum} of those it is to make) of the commit whose first message
-    (send_commit's) is `message`, the files received into
-    `buffers` ({file: uint8 array}, grown where too small and kept for the next commit: fresh memory for
-    AlexNet's 488 MB would cost each commit 1.5 s of page faults)."""
+    (send_commit's) is `message`, the files received into `buffers` ({file: uint8 array}, grown where too small
+    and kept for the next commit: fresh memory would cost every commit its page faults)."""
     name, sizes, sums = message
     files = {}
     for file, chunk_sizes in sizes.items():
@@ -93,7 +92,6 @@ class Replication:
         # The files the replica makes from its own copies (told by it: whether it holds the history).
         peer_history = self.link.bcast(holds_history, root=self.peer) if self.peer is not None else False
         self.own = (MODEL_FILE, STATE_FILE) if peer_history else (MODEL_FILE,)
-        self.holds_history = holds_history
         self.error = None  # the helper thread's failure, raised on the training thread
         self.busy_s = None  # the root: how long the writer took to store and send the last commit
         self._captures = queue.Queue()  # the root's, for the writer; the replica's own, for the receiver

@@ -116,7 +116,8 @@ class ModelLayout:
             layer = caffe_pb2.LayerParameter()
             layer.CopyFrom(record.layer.param)
             layer.ClearField("blobs")
-            self.layers.append((layer.SerializeToString(), [net.param_records[p].learnable_id for p in record.param_ids]))
+            ids = [net.param_records[p].learnable_id for p in record.param_ids]
+            self.layers.append((layer.SerializeToString(), ids))
 
     def model_chunks(self, learnables):
         """The .caffemodel of `learnables` (host arrays by learnable id) as buffers to write one after another."""
@@ -141,8 +142,8 @@ def state_chunks(iteration, learned_net, current_step, history):
 class HostCopies:
     """Host arrays shaped as a solver's learnables and history, for commits to copy into: a set is taken for a
     commit and given back once the commit is stored and sent, and at most `sets` exist. Fresh arrays would cost
-    each commit their page faults: AlexNet's 488 MB took the training thread 1.5 s, reused ones 0.1 s. The
-    first set is made, and its pages touched, before training starts."""
+    the training thread their page faults at every commit (perf/RESULTS.md, "Cheaper commits"). The first set
+    is made, and its pages touched, before training starts."""
 
     def __init__(self, solver, sets=2, history=True):
         self.solver, self._sets, self._history = solver, sets, history

@@ -348,8 +348,8 @@ class Supervisor:
 
 
 def _end_launcher(process):
-    """Ends a launcher that waits on a lost host (srun waited 31 s for a node behind a downed link to confirm
-    that its task ended): SIGTERM, then SIGKILL. Returns its exit status."""
+    """Ends a launcher that waits on a lost host (srun waits for a node behind a downed link to confirm that
+    its task ended): SIGTERM, then SIGKILL. Returns its exit status."""
     log.warning("the launcher has not ended the job %d s after a rank was found lost: ending it", LAUNCHER_GRACE_S)
     process.terminate()
     try:
