@@ -34,3 +34,11 @@ def test_owner_ranges_cover_the_vector_on_line_boundaries(size, item):
 def test_plain_buffers_take_the_compiled_loop(ranks, per_node, cell):
     env = {"SCAFFE_REDUCE_ALGO": "hierarchical", "SCAFFE_RANKS_PER_NODE": per_node, "SCAFFE_SHM_CHUNK_BYTES": cell}
     run_ok(ranks, "compiled_path.py", env=env, timeout=300)  # the first run compiles every dtype it uses
+
+
+def test_the_ranks_of_a_host_compile_a_dtypes_loop_once(tmp_path):
+    """On a fresh install every local rank meets a dtype at the same call: one compiles, the rest load."""
+    fresh = {"NUMBA_CACHE_DIR": tmp_path / "numba", "TMPDIR": tmp_path}  # numba's cache and the markers
+    job = run_ok(3, "compiled_path.py", "--compiles", timeout=120,
+                 env=dict(fresh, SCAFFE_REDUCE_ALGO="hierarchical", SCAFFE_RANKS_PER_NODE=2))
+    assert "COMPILES 1 LOADS 2" in job.stdout, job.report()
