@@ -10,7 +10,9 @@ three dimensions across the space at a fraction of the cost of crossing them.
 
 Each --settings VAR=value,... (an empty value unsets VAR) adds one pass over the space, on a communicator
 made under those settings (the collectives read them when a communicator is set up): several topologies in
-one launch, each checked to be the one asked for before its pass.
+one launch, each checked to be the one asked for before its pass. Each --pass "ARGS" runs this script's
+ARGS (their own space, memory, name and settings) after the others in the same launch: a launch costs
+every rank its start-up, which on a loaded 2-core machine is most of what a small pass costs.
 
 --memory device puts every buffer on the GPU (numba device arrays; numba's CUDA simulator without a
 GPU), --memory mixed a device send buffer with a host receive buffer on even ranks and the other way
@@ -20,6 +22,7 @@ round on odd ones. --memory interface passes host memory behind `__cuda_array_in
 import argparse
 import itertools
 import os
+import shlex
 
 import collectives
 
@@ -143,7 +146,7 @@ def roots_for(spec, size):
     return sorted({0, 1 % size, size // 2, size - 1})
 
 
-def main():
+def parser_of_arguments():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--ops", default="all", help="'all' or a comma list of sum,prod,min,max,land,...")
@@ -158,11 +161,28 @@ def main():
     parser.add_argument("--name", default="space")
     parser.add_argument("--settings", action="append", default=[],
                         help="VAR=value,... for one more pass on a communicator made under them (repeatable)")
+    parser.add_argument("--pass", dest="passes", action="append", default=[],
+                        help="this script's arguments for one more pass in this launch (repeatable)")
+    return parser
+
+
+def main():
+    parser = parser_of_arguments()
     args = parser.parse_args()
+    w = Worker()  # its communicator is set up at its first call: never, where --settings make others
+    passes = [args] if not args.passes else []
+    passes += [parser.parse_args(shlex.split(text)) for text in args.passes]
+    if args.passes and not all(one.settings for one in passes):
+        parser.error("every --pass makes its own communicators: give each its --settings")
+    for one in passes:
+        passes_of(w, one)
+
+
+def passes_of(w, args):
+    """The passes of one set of arguments: one per --settings, or one on the Worker's communicator."""
     global MEMORY
     MEMORY = args.memory
-
-    w = Worker()  # its communicator is set up at its first call: never, where --settings make others
+    launched_with = dict(os.environ)
     for settings in args.settings or [None]:
         name = args.name
         if settings is not None:
@@ -172,6 +192,8 @@ def main():
         w.done(name)
         if settings is not None:
             w.comm.Free()
+            os.environ.clear()  # the next pass starts from the launch's settings
+            os.environ.update(launched_with)
 
 
 def communicator_under(w, settings):
