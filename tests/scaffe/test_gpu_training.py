@@ -332,26 +332,44 @@ def _train(ranks, args, timeout=400):
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("settings", [[], ["type=Adam", "base_lr=0.001"]], ids=["SGD", "Adam"])
-def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_path, settings):
-    """2 ranks x batch 8 on "GPUs" (stand-in) reach the weights of 1 rank x batch 16, with every schedule, and
-    the training thread never waits for the device inside an iteration (the communication thread does); the
-    last two iterations are replayed from CUDA graphs, the schedules' hooks running between them."""
+SOLVER_CASES = {"SGD": [], "Adam": ["type=Adam", "base_lr=0.001"]}
+
+
+def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_path):
+    """2 ranks x batch 8 on "GPUs" (stand-in) reach the weights of 1 rank x batch 16, with every schedule and
+    SGD and Adam, and the training thread never waits for the device inside an iteration (the communication
+    thread does); the last two iterations are replayed from CUDA graphs, the schedules' hooks running between
+    them. Every case of one rank count trains in one launch (train_lenet.py's `+`)."""
     iterations, ranks, batch = 4, 2, 8
-    single = tmp_path / "single.npz"
-    _train(1, ["scaffe", str(iterations), str(ranks * batch), str(single), *settings])
-    a = dict(numpy.load(single))
-    assert a.pop("host_syncs") == 0 and a.pop("graph_launches") > 0  # the last 2 iterations are replayed
-    for schedule in ("scaffe", "allreduce", "native"):
-        multi = tmp_path / f"{schedule}.npz"
-        _train(ranks, [schedule, str(iterations), str(batch), str(multi), *settings])
-        b = dict(numpy.load(multi))
-        assert b.pop("host_syncs") == 0 and b.pop("graph_launches") > 0, schedule
-        assert b.pop("held_updates_in_forward", 1) > 0, schedule
+    multi_cases = [(schedule, solver) for solver in SOLVER_CASES for schedule in ("scaffe", "allreduce", "native")]
+    _train(1, _cases([("scaffe", settings) for settings in SOLVER_CASES.values()], iterations, ranks * batch,
+                     tmp_path / "single.npz"))
+    _train(ranks, _cases([(schedule, SOLVER_CASES[solver]) for schedule, solver in multi_cases], iterations, batch,
+                         tmp_path / "multi.npz"))
+    for k, (schedule, solver) in enumerate(multi_cases):
+        a = dict(numpy.load(tmp_path / _nth("single.npz", list(SOLVER_CASES).index(solver))))
+        assert a.pop("host_syncs") == 0 and a.pop("graph_launches") > 0  # the last 2 iterations are replayed
+        b = dict(numpy.load(tmp_path / _nth("multi.npz", k)))
+        assert b.pop("host_syncs") == 0 and b.pop("graph_launches") > 0, (schedule, solver)
+        assert b.pop("held_updates_in_forward", 1) > 0, (schedule, solver)
         assert sorted(b) == sorted(a)
         for name in b:
             scale = max(1.0, float(numpy.abs(a[name]).max()))
-            numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=schedule)
+            numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale,
+                                          err_msg=f"{schedule} {solver}")
+
+
+def _cases(cases, iterations, batch, out):
+    """train_lenet.py's arguments for `cases` ((schedule, solver settings) pairs) in one launch."""
+    words = []
+    for k, (schedule, settings) in enumerate(cases):
+        words += (["+", schedule] if k else [schedule, str(iterations), str(batch), str(out)]) + settings
+    return words
+
+
+def _nth(name, k):
+    """Where train_lenet.py saves case k's weights: out.npz, out.1.npz, ..."""
+    return name if k == 0 else name.replace(".npz", f".{k}.npz")
 
 
 @pytest.mark.parametrize("solver_type, fields", [(t, {}) for t in SOLVERS] + [
