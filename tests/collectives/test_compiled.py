@@ -1,5 +1,9 @@
 """The compiled node loop: its choice of ops and dtypes, the owner ranges it cuts, and (in workers) that
 plain-buffer calls take it and give numpy's exact results on one node and across simulated nodes."""
+import os
+import subprocess
+import sys
+
 import numpy
 import pytest
 
@@ -36,9 +40,35 @@ def test_plain_buffers_take_the_compiled_loop(ranks, per_node, cell):
     run_ok(ranks, "compiled_path.py", env=env, timeout=300)  # the first run compiles every dtype it uses
 
 
-def test_the_ranks_of_a_host_compile_a_dtypes_loop_once(tmp_path):
-    """On a fresh install every local rank meets a dtype at the same call: one compiles, the rest load."""
-    fresh = {"NUMBA_CACHE_DIR": tmp_path / "numba", "TMPDIR": tmp_path}  # numba's cache and the markers
-    job = run_ok(3, "compiled_path.py", "--compiles", timeout=120,
-                 env=dict(fresh, SCAFFE_REDUCE_ALGO="hierarchical", SCAFFE_RANKS_PER_NODE=2))
-    assert "COMPILES 1 LOADS 2" in job.stdout, job.report()
+
+TINY = """
+from numba import njit
+
+
+@njit(cache=True)
+def twice(x):
+    return 2 * x
+"""
+LOAD = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from collectives.intranode.compiled import _loaded
+from tiny import twice
+_loaded(twice, (1.5,))
+assert twice(1.5) == 3.0
+print(sum(twice.stats.cache_misses.values()), sum(twice.stats.cache_hits.values()))
+"""
+
+
+def test_processes_of_a_host_that_meet_new_code_at_once_compile_it_once(tmp_path):
+    """As every local rank meets a dtype's node loop at the same call: one process compiles it into numba's
+    cache, the rest wait and load it from there; a process after them loads it without waiting."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), TMPDIR=str(tmp_path))  # fresh cache, markers
+    command = [sys.executable, "-c", LOAD, str(tmp_path)]
+    at_once = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    counts = [process.communicate(timeout=120)[0].split() for process in at_once]
+    assert all(process.returncode == 0 for process in at_once)
+    assert sorted(counts) == [["0", "1"], ["0", "1"], ["1", "0"]], counts  # (compiled, loaded) by each
+    later = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert later.stdout.split() == ["0", "1"], later.stderr

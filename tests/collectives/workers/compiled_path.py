@@ -5,11 +5,7 @@ without a receive buffer, sizes from 0 to several cells; then the same calls onc
 window, which still take it, with the same results.
 
     SCAFFE_REDUCE_ALGO=hierarchical mpiexec -n 3 python compiled_path.py
-
-With --compiles, one float64 Allreduce alone, and rank 0 prints how many ranks compiled its loop and how
-many loaded it from numba's cache ("COMPILES c LOADS l").
 """
-import sys
 
 import numpy
 from mpi4py import MPI
@@ -47,24 +43,8 @@ def check_calls(w, ops, dtypes, label):
                     w.check(out, expected, "Reduce")
 
 
-def compiles(w):
-    """One float64 sum: which ranks compiled the loop, and which loaded it."""
-    from collectives.intranode._steps import run
-    w.case("one Allreduce of a dtype no rank has met")
-    data = numpy.full(1001, w.rank + 1.0)
-    w.comm.Allreduce(MPI.IN_PLACE, data, op=MPI.SUM)
-    w.check(data, numpy.full(1001, w.size * (w.size + 1) / 2), "result")
-    counts = w.world.gather((sum(run.stats.cache_misses.values()), sum(run.stats.cache_hits.values())), root=0)
-    if w.rank == 0:
-        print("COMPILES %d LOADS %d" % tuple(map(sum, zip(*counts))))
-    w.done("compiles")
-
-
 def main():
     w = Worker()
-    if "--compiles" in sys.argv:
-        compiles(w)
-        return
     dtypes = [numpy.dtype(t) for t in ("int8", "uint16", "int32", "int64", "float32", "float64", "complex64",
                                        "complex128")]
     ops = sorted(COMPILED_OPS)
