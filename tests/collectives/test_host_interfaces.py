@@ -5,6 +5,8 @@ mpi4py's own tests pass "fake GPU arrays" (host memory behind the CUDA array int
 program on a machine without a CUDA driver, and pinned memory does everywhere. This machine has no
 driver, so every interface pointer here is host memory; `gpu`-marked tests ask a real driver.
 """
+import shlex
+
 import numpy
 import pytest
 from mpi4py import MPI
@@ -102,20 +104,26 @@ def test_driver_tells_device_managed_and_pinned_memory_apart():
     assert not is_device_buffer(HostInterfaceArray(numpy.zeros(4)))  # pageable memory
 
 
-# (ranks, SCAFFE_RANKS_PER_NODE, SCAFFE_REDUCE_ALGO, memory); small chunks, so 5003 elements are many.
-LAUNCHES = [(2, None, None, "interface"), (3, 2, "hierarchical", "interface"), (4, None, "tree", "interface"),
-            (3, 2, "hierarchical", "dlpack")]
+# (ranks, SCAFFE_RANKS_PER_NODE, SCAFFE_REDUCE_ALGO, memory); small chunks, so 5003 elements are many. The
+# passes of one rank count run in one launch (workers/space.py --pass).
+PASSES = [(2, None, None, "interface"), (3, 2, "hierarchical", "interface"), (4, None, "tree", "interface"),
+          (3, 2, "hierarchical", "dlpack")]
 
 
-@pytest.mark.parametrize("case", LAUNCHES, ids=lambda c: f"{c[3]}-n{c[0]}-rpn{c[1] or 'unset'}-{c[2] or 'default'}")
-def test_collectives_on_host_interfaces(case):
+@pytest.mark.parametrize("ranks", sorted({ranks for ranks, *_ in PASSES}), ids=lambda ranks: f"n{ranks}")
+def test_collectives_on_host_interfaces(ranks):
     """Reduce, Allreduce, Bcast and their I* forms on such buffers (native below the selection thresholds,
     ours above them or when forced), in place or not, checked against numpy on every rank."""
-    ranks, per_node, algo, memory = case
-    run_ok(ranks, "space.py", "--rotate", "--memory", memory, "--ops", "all",
-           "--dtypes", "int8,int32,uint16,int64,float32,float64,complex128", "--sizes", "0,1,7,1001,5003",
-           "--name", f"{memory}-n{ranks}", timeout=120,
-           # numba's real CUDA target, as a program has it: without a driver, reading these pointers as device
-           # memory raised CudaSupportError.
-           env={"SCAFFE_RANKS_PER_NODE": per_node, "SCAFFE_REDUCE_ALGO": algo, "NUMBA_ENABLE_CUDASIM": 0,
-                "SCAFFE_CHUNK_BYTES": 4096, "SCAFFE_SHM_CHUNK_BYTES": 2048})
+    passes = [case for case in PASSES if case[0] == ranks]
+    dtypes = "int8,int32,uint16,int64,float32,float64,complex128"
+    words = []
+    for _, per_node, algo, memory in passes:
+        words += ["--pass", shlex.join([
+            "--rotate", "--memory", memory, "--ops", "all", "--dtypes", dtypes, "--sizes", "0,1,7,1001,5003",
+            "--name", f"{memory}-n{ranks}",
+            "--settings", f"SCAFFE_RANKS_PER_NODE={per_node or ''},SCAFFE_REDUCE_ALGO={algo or ''}"])]
+    job = run_ok(ranks, "space.py", *words, timeout=120 * len(passes),
+                 # numba's real CUDA target, as a program has it: without a driver, reading these pointers as
+                 # device memory raised CudaSupportError.
+                 env={"NUMBA_ENABLE_CUDASIM": 0, "SCAFFE_CHUNK_BYTES": 4096, "SCAFFE_SHM_CHUNK_BYTES": 2048})
+    assert job.stdout.count("WORKER-OK") == len(passes), job.report()
