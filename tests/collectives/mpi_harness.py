@@ -102,6 +102,13 @@ def run_command(command, env=None, timeout=60, launcher_env=None):
     return Job(shown_command, shown, process.returncode, stdout, stderr, time.monotonic() - started, timed_out)
 
 
+def settings_of(per_node, algo, **extra):
+    """A worker's --settings value (worker_util.each_setting): one pass on a communicator made under this
+    topology, algorithm and any other collectives setting (None unsets a variable of the launch)."""
+    values = dict(SCAFFE_RANKS_PER_NODE=per_node, SCAFFE_REDUCE_ALGO=algo, **extra)
+    return ",".join(f"{name}={'' if value is None else value}" for name, value in values.items())
+
+
 def run_ok(ranks, script, *args, env=None, timeout=60):
     """Run a worker that must succeed; fails the test with its output otherwise."""
     return require_ok(launch(ranks, script, *args, env=env, timeout=timeout))

@@ -15,7 +15,7 @@ from collectives.devices import driver
 from collectives.buffers import parse, writable
 from collectives.devices.memory import is_device_buffer
 from collectives.errors import CollectiveError
-from mpi_harness import run_ok
+from mpi_harness import run_ok, settings_of
 from workers.worker_util import DLPackArray, HostInterfaceArray
 
 
@@ -121,7 +121,7 @@ def test_collectives_on_host_interfaces(ranks):
         words += ["--pass", shlex.join([
             "--rotate", "--memory", memory, "--ops", "all", "--dtypes", dtypes, "--sizes", "0,1,7,1001,5003",
             "--name", f"{memory}-n{ranks}",
-            "--settings", f"SCAFFE_RANKS_PER_NODE={per_node or ''},SCAFFE_REDUCE_ALGO={algo or ''}"])]
+            "--settings", settings_of(per_node, algo)])]
     job = run_ok(ranks, "space.py", *words, timeout=120 * len(passes),
                  # numba's real CUDA target, as a program has it: without a driver, reading these pointers as
                  # device memory raised CudaSupportError.

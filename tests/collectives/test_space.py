@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from mpi_harness import run_ok
+from mpi_harness import run_ok, settings_of
 
 SMALL_CHUNKS = {"SCAFFE_CHUNK_BYTES": 4096, "SCAFFE_SHM_CHUNK_BYTES": 2048}
 # Size 0 is checked in passes of its own ("zero": a known failure there would hide everything else).
@@ -18,13 +18,6 @@ SIZES = "1,7,1001,5003"
 REDUCED = ("--ops", "sum,max", "--dtypes", "int8,float32,float64")
 # float16 is checked under native MPI and the default table in the "float16" passes.
 WITHOUT_FLOAT16 = "int8,int16,int32,int64,uint8,uint16,uint32,uint64,float32,float64,complex64,complex128"
-
-
-def settings_of(per_node, algo, **extra):
-    """--settings of one pass: the topology and algorithm, and any other collectives setting, on a
-    communicator of its own (an empty value unsets a variable of the launch)."""
-    values = dict(SCAFFE_RANKS_PER_NODE=per_node or "", SCAFFE_REDUCE_ALGO=algo or "", **extra)
-    return ",".join(f"{name}={value}" for name, value in values.items())
 
 
 def launch_id(ranks, per_node, algo):

@@ -7,8 +7,12 @@ Every case is tried with the blocking call and, where there is one, its I* form,
 then on large ones after correct large calls: `Comm` builds a repeated large call of an (op, dtype) it
 has computed before on a shortcut (`Lane.computed_call`), which must let none of these through.
 
-    mpiexec -n 2 python bad_input.py
+    mpiexec -n 2 python bad_input.py [--settings VAR=value,...]...
+
+Each --settings runs every case once more on a communicator made under them (worker_util.each_setting).
 """
+import argparse
+
 import numpy
 from mpi4py import MPI
 
@@ -97,7 +101,12 @@ def spoiled_cases(size, n):
 
 
 def main():
-    w = Worker()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--settings", action="append", default=[], help="VAR=value,... for one more pass")
+    Worker().each_setting(parser.parse_args().settings, "bad_input", check_all)
+
+
+def check_all(w):
     comm, rank, size = w.comm, w.rank, w.size
     checked = 0
     for n in (10, LARGE):
@@ -129,7 +138,6 @@ def main():
                 checked += 1
             w.check_in_step("the bad call")
     w.check_true(checked > 0, "no bad call was made on this rank")
-    w.done("bad_input")
 
 
 if __name__ == "__main__":

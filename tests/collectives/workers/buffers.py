@@ -3,8 +3,11 @@
 Every result is compared exactly with numpy; fallbacks (user-defined ops, derived datatypes, bool) are
 also compared with what the wrapped MPI.COMM_WORLD itself gives for the same call.
 
-    mpiexec -n 3 python buffers.py
+    mpiexec -n 3 python buffers.py [--settings VAR=value,...]...
+
+Each --settings runs every check once more on a communicator made under them (worker_util.each_setting).
 """
+import argparse
 import array
 import weakref
 
@@ -427,13 +430,17 @@ def check_resized_in_place(w, send, recv, sizes):
 
 
 def main():
-    w = Worker()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--settings", action="append", default=[], help="VAR=value,... for one more pass")
+    Worker().each_setting(parser.parse_args().settings, "buffers", check_all)
+
+
+def check_all(w):
     check_specs(w)
     check_alloc(w)
     check_alloc_interpreted(w)
     check_fallbacks(w)
     check_repeats(w)
-    w.done("buffers")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ round on odd ones. --memory interface passes host memory behind `__cuda_array_in
 """
 import argparse
 import itertools
-import os
 import shlex
 
-import collectives
 
 import numpy
 from mpi4py import MPI
@@ -182,36 +180,7 @@ def passes_of(w, args):
     """The passes of one set of arguments: one per --settings, or one on the Worker's communicator."""
     global MEMORY
     MEMORY = args.memory
-    launched_with = dict(os.environ)
-    for settings in args.settings or [None]:
-        name = args.name
-        if settings is not None:
-            communicator_under(w, settings)
-            name += f" [{settings}]"
-        space(w, args)
-        w.done(name)
-        if settings is not None:
-            w.comm.Free()
-            os.environ.clear()  # the next pass starts from the launch's settings
-            os.environ.update(launched_with)
-
-
-def communicator_under(w, settings):
-    """w.comm: a Comm of every rank made under `settings` (VAR=value,...), checked to have the nodes and
-    algorithm they ask for."""
-    for item in settings.split(","):
-        variable, value = item.split("=", 1)
-        if value:
-            os.environ[variable] = value
-        else:
-            os.environ.pop(variable, None)
-    comm = w.comm = collectives.Comm(MPI.COMM_WORLD.Dup())  # freed after its pass
-    w.case(f"setting up under {settings}")
-    comm.describe()  # sets it up, reading the settings
-    per_node = int(os.environ.get("SCAFFE_RANKS_PER_NODE") or 0)
-    nodes = -(-w.size // per_node) if per_node else 1  # one host here
-    w.check_true(comm.node_topology.num_nodes == nodes, f"{comm.node_topology.num_nodes} nodes, not {nodes}")
-    w.check_true(comm.forced == (os.environ.get("SCAFFE_REDUCE_ALGO") or None), f"algorithm {comm.forced}")
+    w.each_setting(args.settings, args.name, lambda w: space(w, args))
 
 
 def space(w, args):

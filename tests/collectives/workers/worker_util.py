@@ -201,6 +201,40 @@ class Worker:
         self.comm.Allreduce(data[self.rank], out, op=MPI.SUM)
         self.check(out, expected_reduction("sum", data), f"the correct Allreduce after {after}")
 
+    def each_setting(self, settings, name, check):
+        """check(self) once per VAR=value,... of `settings` (an empty value unsets VAR), each on a communicator
+        of every rank made under them and checked to have the nodes and algorithm they ask for, the
+        environment restored after it; once on self.comm where `settings` is empty. Each pass ends in
+        done(): several topologies in one launch, whose start-up is most of what a small pass costs."""
+        for one in settings or [None]:
+            if one is None:
+                check(self)
+                self.done(name)
+                continue
+            launched_with = dict(os.environ)
+            self.comm = self._communicator_under(one)
+            check(self)
+            self.done(f"{name} [{one}]")
+            self.comm.Free()
+            os.environ.clear()
+            os.environ.update(launched_with)
+
+    def _communicator_under(self, settings):
+        for item in settings.split(","):
+            variable, value = item.split("=", 1)
+            if value:
+                os.environ[variable] = value
+            else:
+                os.environ.pop(variable, None)
+        comm = collectives.Comm(MPI.COMM_WORLD.Dup())  # freed after its pass
+        self.case(f"setting up under {settings}")
+        comm.describe()  # sets it up, reading the settings
+        per_node = int(os.environ.get("SCAFFE_RANKS_PER_NODE") or 0)
+        nodes = -(-self.size // per_node) if per_node else 1  # one host here
+        self.check_true(comm.node_topology.num_nodes == nodes, f"{comm.node_topology.num_nodes} nodes, not {nodes}")
+        self.check_true(comm.forced == (os.environ.get("SCAFFE_REDUCE_ALGO") or None), f"algorithm {comm.forced}")
+        return comm
+
     def done(self, name):
         """Every rank got here: rank 0 prints the line the harness looks for."""
         self.current = "final barrier"
