@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,21 @@ def nvrtc_compile(source, arch):
         nvrtc.nvrtcDestroyProgram(program)
 
 
+@pytest.fixture(scope="module")
+def compiled():
+    """(name, arch) -> nvrtc_compile's result for every source and arch, compiled side by side: NVRTC lets go
+    of the GIL, and one at a time they were a tenth of the suite's in-process time."""
+    needed("cuda.bindings.nvrtc")
+    pairs = [(name, arch) for name in sorted(SOURCES) for arch in ARCHS]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        return dict(zip(pairs, pool.map(lambda pair: nvrtc_compile(SOURCES[pair[0]], pair[1]), pairs)))
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(SOURCES))
-def test_cuda_c_source_compiles_to_a_cubin_without_warnings(name, arch):
+def test_cuda_c_source_compiles_to_a_cubin_without_warnings(compiled, name, arch):
     nvrtc = needed("cuda.bindings.nvrtc")
-    result, log, cubin, _ = nvrtc_compile(SOURCES[name], arch)
+    result, log, cubin, _ = compiled[name, arch]
     assert result == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name} for sm_{arch}:\n{log}"
     assert "warning" not in log, f"{name} for sm_{arch}:\n{log}"
     assert cubin.startswith(b"\x7fELF") and len(cubin) > 1000
@@ -71,11 +82,11 @@ UPDATES = sorted(name for name in SOURCES if re.fullmatch(r"scaffe_\w+_update_fl
 
 
 @pytest.mark.parametrize("name", UPDATES)
-def test_solver_updates_round_every_operation_as_numpy_does(name):
+def test_solver_updates_round_every_operation_as_numpy_does(compiled, name):
     """No fused multiply-add (NVRTC contracts a * b + c by default), IEEE-rounded division and square root,
     subnormals kept: the kernels then equal the per-blob pipeline bit for bit (tests/scaffe/test_gpu_training)."""
     assert len(UPDATES) == 12
-    _, log, _, ptx = nvrtc_compile(SOURCES[name], 90)
+    _, log, _, ptx = compiled[name, 90]
     floating = {i for i in re.findall(r"^\s*(?:@!?%p\d+\s+)?([a-z]+(?:\.[a-z0-9]+)*)", ptx, re.MULTILINE)
                 if i.endswith((".f32", ".f64"))}
     assert not [i for i in floating if i.startswith("fma.")], f"{name} contracts into fused multiply-adds"
