@@ -54,13 +54,15 @@ def _loaded(dispatcher, args):
     signature = tuple(numba.typeof(arg) for arg in args)
     source = os.stat(dispatcher.py_func.__code__.co_filename)
     key = repr((dispatcher.py_func.__code__.co_filename, source.st_mtime_ns, source.st_size, signature))
-    folder = Path(tempfile.gettempdir()) / f"scaffe-compiled-{os.getuid()}"
-    marker = folder / hashlib.sha1(key.encode()).hexdigest()
-    if marker.exists():
-        dispatcher.compile(signature)
-        return
-    folder.mkdir(exist_ok=True)
-    with open(folder / "lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
-        dispatcher.compile(signature)
-        marker.touch()
+    try:
+        folder = Path(tempfile.gettempdir()) / f"scaffe-compiled-{os.getuid()}"
+        marker = folder / hashlib.sha1(key.encode()).hexdigest()
+        if not marker.exists():
+            folder.mkdir(exist_ok=True)
+            with open(folder / "lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
+                dispatcher.compile(signature)
+                marker.touch()
+    except OSError:  # no folder to share (read-only, full): each process compiles or loads for itself
+        pass
+    dispatcher.compile(signature)  # loads what the lock's holder wrote; nothing to do after its own compile
