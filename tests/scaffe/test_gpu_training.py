@@ -1,11 +1,9 @@
 """GPU training under the cupy stand-in: fused solver steps, schedules on device arrays, the threads' devices,
 and P ranks on "GPUs" (mpiexec) against one rank with P x batch."""
-import os
 import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy
 import pytest
@@ -15,10 +13,7 @@ from scaffe.proto import caffe_pb2
 from scaffe.solvers import create_solver
 import test_cupy_cli
 from test_cupy_nets import input_net
-
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("workers") / "train_lenet.py"
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
+from lenet_runs import MPIEXEC, ROOT, WORKER, case_args, case_file, side_by_side
 lenet_dir = test_cupy_cli.lenet_dir  # the fixture: LeNet at batch 8 on the bundled digits, solver_gpu.prototxt
 
 SOLVERS = {
@@ -322,14 +317,12 @@ def mnist():
     ensure_mnist_lmdb(str(ROOT / "examples" / "mnist"))
 
 
-def _train(ranks, args, timeout=400):
-    # The scaffe schedule reduces ip2's gradients during backward, holds the other layers' back until after it,
-    # and its root updates them during the next forward.
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", SCAFFE_BACKWARD_BYTES="30000")
-    cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable, str(WORKER)] + args + ["--gpu"]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                          start_new_session=True)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+def _train(*jobs):
+    """Each (ranks, train_lenet.py's words) job on the stand-in GPUs, side by side. The scaffe schedule reduces
+    ip2's gradients during backward, holds the other layers' back until after it, and its root updates them
+    during the next forward."""
+    side_by_side([(ranks, [str(WORKER), *args, "--gpu"], {"SCAFFE_BACKWARD_BYTES": "30000"}) for ranks, args in jobs],
+                 timeout=400)
 
 
 SOLVER_CASES = {"SGD": [], "Adam": ["type=Adam", "base_lr=0.001"]}
@@ -342,14 +335,14 @@ def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_pa
     them. Every case of one rank count trains in one launch (train_lenet.py's `+`)."""
     iterations, ranks, batch = 4, 2, 8
     multi_cases = [(schedule, solver) for solver in SOLVER_CASES for schedule in ("scaffe", "allreduce", "native")]
-    _train(1, _cases([("scaffe", settings) for settings in SOLVER_CASES.values()], iterations, ranks * batch,
-                     tmp_path / "single.npz"))
-    _train(ranks, _cases([(schedule, SOLVER_CASES[solver]) for schedule, solver in multi_cases], iterations, batch,
-                         tmp_path / "multi.npz"))
+    single = case_args([("scaffe", settings) for settings in SOLVER_CASES.values()])
+    multi = case_args([(schedule, SOLVER_CASES[solver]) for schedule, solver in multi_cases])
+    _train((1, [single[0], str(iterations), str(ranks * batch), str(tmp_path / "single.npz"), *single[1:]]),
+           (ranks, [multi[0], str(iterations), str(batch), str(tmp_path / "multi.npz"), *multi[1:]]))
     for k, (schedule, solver) in enumerate(multi_cases):
-        a = dict(numpy.load(tmp_path / _nth("single.npz", list(SOLVER_CASES).index(solver))))
+        a = dict(numpy.load(case_file(tmp_path / "single.npz", list(SOLVER_CASES).index(solver))))
         assert a.pop("host_syncs") == 0 and a.pop("graph_launches") > 0  # the last 2 iterations are replayed
-        b = dict(numpy.load(tmp_path / _nth("multi.npz", k)))
+        b = dict(numpy.load(case_file(tmp_path / "multi.npz", k)))
         assert b.pop("host_syncs") == 0 and b.pop("graph_launches") > 0, (schedule, solver)
         assert b.pop("held_updates_in_forward", 1) > 0, (schedule, solver)
         assert sorted(b) == sorted(a)
@@ -357,19 +350,6 @@ def test_two_ranks_on_gpus_equal_one_rank_big_batch(cupy_stand_in, mnist, tmp_pa
             scale = max(1.0, float(numpy.abs(a[name]).max()))
             numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale,
                                           err_msg=f"{schedule} {solver}")
-
-
-def _cases(cases, iterations, batch, out):
-    """train_lenet.py's arguments for `cases` ((schedule, solver settings) pairs) in one launch."""
-    words = []
-    for k, (schedule, settings) in enumerate(cases):
-        words += (["+", schedule] if k else [schedule, str(iterations), str(batch), str(out)]) + settings
-    return words
-
-
-def _nth(name, k):
-    """Where train_lenet.py saves case k's weights: out.npz, out.1.npz, ..."""
-    return name if k == 0 else name.replace(".npz", f".{k}.npz")
 
 
 @pytest.mark.parametrize("solver_type, fields", [(t, {}) for t in SOLVERS] + [

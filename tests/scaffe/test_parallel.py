@@ -1,6 +1,5 @@
 """Data-parallel training: P ranks x batch B reach the weights of 1 rank x batch P*B on the same samples."""
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +7,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("workers") / "train_lenet.py"
-MPIEXEC = Path(sys.executable).with_name("mpiexec")
+from lenet_runs import MPIEXEC, ROOT, WORKER, case_args, case_file, side_by_side
 
 
 @pytest.fixture(scope="module")
@@ -20,28 +17,7 @@ def mnist():
 
 
 def _run(ranks, args, timeout=240, env=None):
-    return _side_by_side([(ranks, args, env)], timeout)[0]
-
-
-def _side_by_side(jobs, timeout=240):
-    """Run every (ranks, python arguments, env) job at once, each of which must succeed: the one-rank reference
-    beside the P-rank job, which alone would leave a core idle. Returns their CompletedProcesses."""
-    started = []
-    for ranks, args, env in jobs:
-        full_env = dict(os.environ, OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", **(env or {}))
-        cmd = ([str(MPIEXEC), "-n", str(ranks)] if ranks > 1 else []) + [sys.executable] + args
-        started.append(subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, start_new_session=True))
-    try:
-        outputs = [process.communicate(timeout=timeout) for process in started]
-    finally:
-        for process in started:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-    for process, (stdout, stderr) in zip(started, outputs):
-        assert process.returncode == 0, f"{' '.join(process.args)} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}"
-    return [subprocess.CompletedProcess(process.args, process.returncode, *output)
-            for process, output in zip(started, outputs)]
+    return side_by_side([(ranks, args, env)], timeout)[0]
 
 
 # Each case: a schedule and the solver's settings (the LeNet solver's SGD with momentum, weight decay and
@@ -66,24 +42,16 @@ PIECE_BYTES = "60000"
 BACKWARD_BYTES = "100000"
 
 
-def _case_args(cases):
-    args = []
-    for k, (schedule, settings) in enumerate(cases):
-        args += (["+"] if k else []) + [schedule] + settings
-    return args
-
-
 def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path):
     """Every case in one job of 1 rank with batch P*B and one of P ranks with batch B, pieces on."""
     iterations, ranks, batch = 4, 2, 32
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
-    cases = _case_args(CASES)
-    _side_by_side([(1, [str(WORKER), cases[0], str(iterations), str(ranks * batch), str(single), *cases[1:]], None),
-                   (ranks, [str(WORKER), cases[0], str(iterations), str(batch), str(multi), *cases[1:]],
-                    {"SCAFFE_PIECE_BYTES": PIECE_BYTES, "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES})])
+    cases = case_args(CASES)
+    side_by_side([(1, [str(WORKER), cases[0], str(iterations), str(ranks * batch), str(single), *cases[1:]], None),
+                  (ranks, [str(WORKER), cases[0], str(iterations), str(batch), str(multi), *cases[1:]],
+                   {"SCAFFE_PIECE_BYTES": PIECE_BYTES, "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES})])
     for k, case in enumerate(CASES):
-        suffix = f".{k}.npz" if k else ".npz"
-        a, b = (numpy.load(str(path).replace(".npz", suffix)) for path in (single, multi))
+        a, b = (numpy.load(case_file(path, k)) for path in (single, multi))
         if case[0] != "native":  # clipping needs every sum in the iteration: nothing is held back then
             held = int(b["held_updates_in_forward"])
             assert (held == 0) if "clip_gradients=0.5" in case[1] else (held > 0), f"{case}: {held} held"
@@ -97,8 +65,7 @@ def test_p_ranks_equal_one_rank_big_batch(mnist, tmp_path):
 
 def _assert_same_weights(single, multi, cases):
     for k, case in enumerate(cases):
-        suffix = f".{k}.npz" if k else ".npz"
-        a, b = (numpy.load(str(path).replace(".npz", suffix)) for path in (single, multi))
+        a, b = (numpy.load(case_file(path, k)) for path in (single, multi))
         for name in a.files:
             scale = max(1.0, float(numpy.abs(a[name]).max()))
             numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{case} {name}")
@@ -111,13 +78,13 @@ def test_held_messages_of_one_layer_keep_their_own_gradients(mnist, tmp_path):
     iterations, ranks, batch = 4, 2, 32
     cases = [("scaffe", []), ("scaffe", ["type=Adam", "base_lr=0.001", "momentum2=0.999"]), ("allreduce", [])]
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
-    args = _case_args(cases)
-    _side_by_side([(1, [str(WORKER), args[0], str(iterations), str(ranks * batch), str(single), *args[1:]], None),
-                   (ranks, [str(WORKER), args[0], str(iterations), str(batch), str(multi), *args[1:]],
-                    {"SCAFFE_PIECE_BYTES": PIECE_BYTES, "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES,
-                     "SCAFFE_MESSAGE_BYTES": "120000"})])
+    args = case_args(cases)
+    side_by_side([(1, [str(WORKER), args[0], str(iterations), str(ranks * batch), str(single), *args[1:]], None),
+                  (ranks, [str(WORKER), args[0], str(iterations), str(batch), str(multi), *args[1:]],
+                   {"SCAFFE_PIECE_BYTES": PIECE_BYTES, "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES,
+                    "SCAFFE_MESSAGE_BYTES": "120000"})])
     for k in range(len(cases)):
-        held = numpy.load(str(multi).replace(".npz", f".{k}.npz" if k else ".npz"))["held_updates_in_forward"]
+        held = numpy.load(case_file(multi, k))["held_updates_in_forward"]
         assert int(held) >= 10, f"{cases[k]}: {held} held"
     _assert_same_weights(single, multi, cases)
 
@@ -129,14 +96,14 @@ def test_hundreds_of_small_messages_finish(mnist, tmp_path):
     iterations, ranks, batch = 3, 2, 32
     cases = [("scaffe", [])] * 9 + [("allreduce", [])]
     single, multi = tmp_path / "single.npz", tmp_path / "multi.npz"
-    args = _case_args(cases)
+    args = case_args(cases)
     small = {"SCAFFE_PIECE_BYTES": "20000", "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES, "SCAFFE_MESSAGE_BYTES": "1"}
-    _side_by_side([(1, [str(WORKER), "scaffe", str(iterations), str(ranks * batch), str(single)], None),  # one rank
-                   (ranks, [str(WORKER), args[0], str(iterations), str(batch), str(multi), *args[1:]], small)],
-                  timeout=180)
+    side_by_side([(1, [str(WORKER), "scaffe", str(iterations), str(ranks * batch), str(single)], None),  # one rank
+                  (ranks, [str(WORKER), args[0], str(iterations), str(batch), str(multi), *args[1:]], small)],
+                 timeout=180)
     a = numpy.load(single)
     for k, case in enumerate(cases):
-        b = numpy.load(str(multi).replace(".npz", f".{k}.npz" if k else ".npz"))
+        b = numpy.load(case_file(multi, k))
         for name in a.files:
             scale = max(1.0, float(numpy.abs(a[name]).max()))
             numpy.testing.assert_allclose(b[name], a[name], rtol=1e-4, atol=1e-5 * scale, err_msg=f"{k} {case} {name}")
@@ -205,11 +172,11 @@ def test_held_pieces_land_before_a_snapshot(mnist, tmp_path):
     iterations, ranks, batch = 4, 2, 32
     jobs = []
     for run, count, size in (("single", 1, ranks * batch), ("multi", ranks, batch)):
-        cases = _case_args([(schedule, settings + ["snapshot=2", f"snapshot_prefix={tmp_path / run}{k}"])
+        cases = case_args([(schedule, settings + ["snapshot=2", f"snapshot_prefix={tmp_path / run}{k}"])
                             for k, (schedule, settings) in enumerate(CASES[:1] + CASES[7:8] + CASES[9:10])])
         jobs.append((count, [str(WORKER), cases[0], str(iterations), str(size), str(tmp_path / f"{run}.npz"),
                              *cases[1:]], {"SCAFFE_PIECE_BYTES": PIECE_BYTES, "SCAFFE_BACKWARD_BYTES": BACKWARD_BYTES}))
-    _side_by_side(jobs)
+    side_by_side(jobs)
     for k, suffix in enumerate((".npz", ".1.npz", ".2.npz")):
         for a, b in zip(_snapshot_arrays(tmp_path / f"single{k}", 2), _snapshot_arrays(tmp_path / f"multi{k}", 2)):
             numpy.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5 * max(1.0, float(numpy.abs(a).max())))
