@@ -109,9 +109,19 @@ def settings_of(per_node, algo, **extra):
     return ",".join(f"{name}={'' if value is None else value}" for name, value in values.items())
 
 
-def run_ok(ranks, script, *args, env=None, timeout=60):
-    """Run a worker that must succeed; fails the test with its output otherwise."""
-    return require_ok(launch(ranks, script, *args, env=env, timeout=timeout))
+def settings_words(topologies):
+    """A worker's --settings words for each (SCAFFE_RANKS_PER_NODE, SCAFFE_REDUCE_ALGO) of `topologies`."""
+    return [word for per_node, algo in topologies for word in ("--settings", settings_of(per_node, algo))]
+
+
+def run_ok(ranks, script, *args, env=None, timeout=60, passes=None):
+    """Run a worker that must succeed, and finish `passes` passes (WORKER-OK lines) where it runs several;
+    fails the test with its output otherwise."""
+    job = require_ok(launch(ranks, script, *args, env=env, timeout=timeout))
+    finished = job.stdout.count("WORKER-OK")
+    if passes is not None and finished != passes:
+        pytest.fail(f"{finished} of {passes} passes finished\n" + job.report(), pytrace=False)
+    return job
 
 
 def require_ok(job, marker="WORKER-OK"):

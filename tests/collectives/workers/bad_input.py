@@ -11,13 +11,11 @@ has computed before on a shortcut (`Lane.computed_call`), which must let none of
 
 Each --settings runs every case once more on a communicator made under them (worker_util.each_setting).
 """
-import argparse
-
 import numpy
 from mpi4py import MPI
 
 import collectives
-from worker_util import Worker
+from worker_util import check_each_setting
 
 
 def read_only(a):
@@ -101,9 +99,7 @@ def spoiled_cases(size, n):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--settings", action="append", default=[], help="VAR=value,... for one more pass")
-    Worker().each_setting(parser.parse_args().settings, "bad_input", check_all)
+    check_each_setting(__doc__, "bad_input", check_all)
 
 
 def check_all(w):

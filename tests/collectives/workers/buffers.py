@@ -7,14 +7,13 @@ also compared with what the wrapped MPI.COMM_WORLD itself gives for the same cal
 
 Each --settings runs every check once more on a communicator made under them (worker_util.each_setting).
 """
-import argparse
 import array
 import weakref
 
 import numpy
 from mpi4py import MPI
 
-from worker_util import OPS, Worker, contribution, expected_reduction
+from worker_util import OPS, check_each_setting, contribution, expected_reduction
 
 # Above every entry of the selection table for 4-byte elements (Reduce 256 KiB, Allreduce 1 MiB),
 # and not a multiple of any chunk, so the default selection leaves native MPI too.
@@ -430,9 +429,7 @@ def check_resized_in_place(w, send, recv, sizes):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--settings", action="append", default=[], help="VAR=value,... for one more pass")
-    Worker().each_setting(parser.parse_args().settings, "buffers", check_all)
+    check_each_setting(__doc__, "buffers", check_all)
 
 
 def check_all(w):

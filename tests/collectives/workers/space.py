@@ -23,7 +23,6 @@ import argparse
 import itertools
 import shlex
 
-
 import numpy
 from mpi4py import MPI
 

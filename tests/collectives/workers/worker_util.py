@@ -5,6 +5,7 @@ the first wrong result: the failing rank raises, `collectives.install_abort_hook
 and the test sees a non-zero exit and the traceback on stderr. A job that does not finish is killed by the
 test harness; shortly before that a watchdog prints, on every rank, the case it was stuck in.
 """
+import argparse
 import faulthandler
 import os
 import sys
@@ -130,6 +131,13 @@ class DLPackArray:
         return self.array.__dlpack_device__()
 
 
+def check_each_setting(doc, name, check):
+    """A worker's main: check(w) once per --settings of the command line (Worker.each_setting)."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--settings", action="append", default=[], help="VAR=value,... for one more pass")
+    Worker().each_setting(parser.parse_args().settings, name, check)
+
+
 class Worker:
     """One rank of a worker job: the wrapped communicator, the case being checked, the final report."""
 
@@ -206,11 +214,11 @@ class Worker:
         of every rank made under them and checked to have the nodes and algorithm they ask for, the
         environment restored after it; once on self.comm where `settings` is empty. Each pass ends in
         done(): several topologies in one launch, whose start-up is most of what a small pass costs."""
-        for one in settings or [None]:
-            if one is None:
-                check(self)
-                self.done(name)
-                continue
+        if not settings:
+            check(self)
+            self.done(name)
+            return
+        for one in settings:
             launched_with = dict(os.environ)
             self.comm = self._communicator_under(one)
             check(self)
