@@ -1,12 +1,14 @@
 """The compiled step loop behind `compiled.run`, numba's twin of `interpreted.run` (protocol.py describes
 the steps); imported only when first needed.
 
-numba caches the machine code on disk (`cache=True`), so a process compiles a dtype's loop at most once per
-installation. Everything here addresses shared memory by integer address, as MPI hands it out.
+numba caches the machine code on disk (`cache=True`), so the loop and a dtype's reduce are compiled at most
+once per installation. Everything here addresses shared memory by integer address, as MPI hands it out.
 """
+import functools
+
 import numpy
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import carray, cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -91,12 +93,23 @@ def wait(idle, d):
         sched_yield()
 
 
-@njit(cache=True, nogil=True)
+@intrinsic
+def move(typingctx, destination, source, count):
+    """count bytes from address source to address destination (regions that do not overlap)."""
+    def codegen(context, builder, sig, args):
+        byte_pointer = ir.IntType(8).as_pointer()
+        cgutils.raw_memcpy(builder, builder.inttoptr(args[0], byte_pointer), builder.inttoptr(args[1], byte_pointer),
+                           args[2], 1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@njit(nogil=True)
 def view(address, like, count):
     return carray(typed_pointer(address, like), count)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def copy(out, data):
     # An explicit loop: numba's slice assignment into a carray was seen to lose its stores.
     for i in range(out.shape[0]):
@@ -116,7 +129,7 @@ def binop(x, y, op):
     return numpy.maximum(x, y)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def combine(out, also, a, b, op, both):
     """out[i] = op(a[i], b[i]), and also[i] too when `both`: one pass however many outputs."""
     if both:
@@ -129,58 +142,71 @@ def combine(out, also, a, b, op, both):
             out[i] = binop(a[i], b[i], op)
 
 
-@njit(cache=True, nogil=True)
-def reduce_block(out, also, both, sources, like, count, op, acc):
-    """out (and also) = sources[0] op sources[1] op ... in that order, each a `count`-element address:
-    two inputs in one pass, more through `acc` (a block in L1) with the outputs written by the last."""
-    size = sources.shape[0]
-    if size == 1:
-        copy(out, view(sources[0], like, count))
-        if both:
-            copy(also, out)
-        return
-    first = view(sources[0], like, count)
-    if size > 2:
-        part = acc[:count]
-        combine(part, part, first, view(sources[1], like, count), op, False)
-        for k in range(2, size - 1):
-            combine(part, part, part, view(sources[k], like, count), op, False)
-        first = part
-    combine(out, also, first, view(sources[size - 1], like, count), op, both)
+_ADDRESSES = numpy.empty(0, numpy.int64)  # the type of `sources`' elements below
+# reduce(out, also, both, sources, size, count, op, acc): `reducer`'s functions, all of one type, so that `run`
+# is compiled once for every dtype and only these per dtype.
+REDUCE = types.void(types.int64, types.int64, types.boolean, types.int64, types.int64, types.int64, types.int64,
+                    types.int64)
+
+
+@functools.cache
+def reducer(dtype):
+    """The compiled reduce of a block of `dtype` elements, by addresses: out (and also, when both) = the
+    `count` elements at each of the `size` addresses at `sources`, combined by op in that order; two inputs
+    in one pass, more through acc (a block that stays in L1) with the outputs written by the last."""
+    like = numpy.empty(0, dtype)
+
+    @cfunc(REDUCE, cache=True)
+    def reduce_block(out, also, both, sources, size, count, op, acc):
+        inputs = carray(typed_pointer(sources, _ADDRESSES), size)
+        result, second = view(out, like, count), view(also, like, count)
+        if size == 1:
+            copy(result, view(inputs[0], like, count))
+            if both:
+                copy(second, result)
+            return
+        first = view(inputs[0], like, count)
+        if size > 2:
+            part = view(acc, like, count)
+            combine(part, part, first, view(inputs[1], like, count), op, False)
+            for k in range(2, size - 1):
+                combine(part, part, part, view(inputs[k], like, count), op, False)
+            first = part
+        combine(result, second, first, view(inputs[size - 1], like, count), op, both)
+    return reduce_block
 
 
 BLOCK = 2048  # elements combined at a time: the accumulator stays in L1
 
 
 @njit(cache=True, nogil=True)
-def run(description, input_rings, result_rings, alloc_bases, starts, source, dst, target, per_cell, base, op,  # noqa: C901
-        hands_out, ready):
+def run(description, input_rings, result_rings, alloc_bases, starts, source, destination, item, target,  # noqa: C901
+        per_cell, base, op, hands_out, ready, reduce):
     """`interpreted.run`'s steps for the ops numba computes: copy in, reduce and drain group after group.
 
     description: a SharedWindows.description; input_rings, result_rings: each local rank's rings of cells;
     alloc_bases[w, k]: where local rank k's segment of alloc window w lies here; starts: every rank's
-    first element, then n (protocol.starts). The send buffer is n elements at address `source`, of dst's
-    dtype (dst is empty on a Reduce's other ranks); target: the Reduce's local target, or -1 when every
-    rank reads the result; base: seq << 32; op: a code of binop; hands_out, ready: protocol.MODES.
+    first element, then n (protocol.starts). source, destination: the addresses of the send buffer's n
+    elements of `item` bytes and of the receive buffer's (0 on a Reduce's other ranks); target: the Reduce's
+    local target, or -1 when every rank reads the result; base: seq << 32; op: a code of binop; hands_out,
+    ready: protocol.MODES; reduce: `reducer`'s function for the elements' dtype. Everything here but
+    `reduce` moves bytes, so this loop is compiled once for every dtype.
     """
     d = description[0]
     flags, row, me, size, stride, depth = d.control, d.slots_per_rank, d.local_rank, d.local_size, d.cell_stride, d.depth
-    n = starts[size]
-    src = view(source, dst, n)  # by address: read-only and writable send buffers share one signature
-    item = src.itemsize
     longest = 0
     for j in range(size):
         longest = max(longest, starts[j + 1] - starts[j])
     groups = -(-longest // per_cell)
     peers = numpy.array([k for k in range(size) if k != me], dtype=numpy.int64)
     reader = target < 0 or target == me
-    if not hands_out:  # owners write only their own dst
+    if not hands_out:  # owners write only their own destination
         other_readers = peers[:0]
     elif target < 0:
         other_readers = peers
     else:
         other_readers = numpy.array([k for k in range(size) if k == target and k != me], dtype=numpy.int64)
-    to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my dst
+    to_cell = other_readers.shape[0] > 0  # my results go through a cell; else only into my destination
     # Peers publish their buffers' line offsets and alloc windows with COPIED = base.
     idle = 0
     while not reached(flags, row, peers, d.copied, base):
@@ -195,8 +221,10 @@ def run(description, input_rings, result_rings, alloc_bases, starts, source, dst
         win = load_acquire(field_address(flags, row, k, d.send_win))
         if win >= 0 and not ready:
             in_place[k] = alloc_bases[win, k] + load_acquire(field_address(flags, row, k, d.send_off))
-    acc = numpy.empty(BLOCK, src.dtype)
+    acc = numpy.empty(BLOCK * item, numpy.uint8)
     sources = numpy.empty(size, numpy.int64)
+    # reduce's arguments are int64 addresses, and a first-class function takes only its own types
+    acc_at, sources_at = numpy.int64(acc.ctypes.data), numpy.int64(sources.ctypes.data)
     copied = groups if ready or in_place[me] >= 0 else 0
     if in_place[me] >= 0:
         publish(flags, row, me, d.copied, base | copied)
@@ -226,45 +254,41 @@ def run(description, input_rings, result_rings, alloc_bases, starts, source, dst
                 lo = starts[j] + copied * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
                 if j != me and lo < hi:
-                    cell = input_rings[me] + (slot * size + j) * stride + send_shift[me]
-                    copy(view(cell, src, hi - lo), src[lo:hi])
+                    move(input_rings[me] + (slot * size + j) * stride + send_shift[me], source + lo * item,
+                         (hi - lo) * item)
             copied += 1
             publish(flags, row, me, d.copied, base | copied)
-        elif step == 2:  # my piece of the group from every rank's input, into my result cell and dst
+        elif step == 2:  # my piece of the group from every rank's input, into my result cell and destination
             slot = reduced % depth
             lo = starts[me] + reduced * per_cell
             hi = min(starts[me + 1], lo + per_cell)
-            if lo < hi:
-                cells = view(result_rings[me] + slot * stride + result_shift[me], src, hi - lo if to_cell else 0)
-                if ready:  # my range of dst is final already: only hand it out
-                    copy(cells, dst[lo:hi])
-                else:
-                    for start in range(lo, hi, BLOCK):
-                        stop = min(hi, start + BLOCK)
-                        for k in range(size):  # in local-rank order: the result does not depend on timing
-                            if k == me:
-                                sources[k] = source + start * item
-                            elif in_place[k] >= 0:
-                                sources[k] = in_place[k] + start * item
-                            else:
-                                sources[k] = (input_rings[k] + (slot * size + me) * stride + send_shift[k]
-                                              + (start - lo) * item)
-                        if reader:
-                            out = dst[start:stop]
-                            also = cells[start - lo:stop - lo] if to_cell else out
+            cells = result_rings[me] + slot * stride + result_shift[me]
+            if ready:  # my range of the destination is final already: only hand it out
+                if to_cell and lo < hi:
+                    move(cells, destination + lo * item, (hi - lo) * item)
+            else:
+                for start in range(lo, hi, BLOCK):
+                    stop = min(hi, start + BLOCK)
+                    for k in range(size):  # in local-rank order: the result does not depend on timing
+                        if k == me:
+                            sources[k] = source + start * item
+                        elif in_place[k] >= 0:
+                            sources[k] = in_place[k] + start * item
                         else:
-                            out = cells[start - lo:stop - lo]
-                            also = out
-                        reduce_block(out, also, reader and to_cell, sources, src, stop - start, op, acc)
+                            sources[k] = (input_rings[k] + (slot * size + me) * stride + send_shift[k]
+                                          + (start - lo) * item)
+                    cell = cells + (start - lo) * item
+                    out = destination + start * item if reader else cell
+                    reduce(out, cell if to_cell else out, reader and to_cell, sources_at, size, stop - start, op, acc_at)
             reduced += 1
             publish(flags, row, me, d.reduced, base | reduced)
-        else:  # the other owners' results of the group, into my dst
+        else:  # the other owners' results of the group, into my destination
             slot = drained % depth
             for j in range(size):
                 lo = starts[j] + drained * per_cell
                 hi = min(starts[j + 1], lo + per_cell)
                 if j != me and lo < hi:
-                    copy(dst[lo:hi], view(result_rings[j] + slot * stride + result_shift[j], src, hi - lo))
+                    move(destination + lo * item, result_rings[j] + slot * stride + result_shift[j], (hi - lo) * item)
             drained += 1
             publish(flags, row, me, d.drained, base | drained)
     if in_place[me] >= 0:  # peers read my send buffer in place: it is mine again once they are done

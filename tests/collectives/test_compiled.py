@@ -52,17 +52,19 @@ def twice(x):
 LOAD = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from collectives.intranode.compiled import _loaded
+from numba import float64
+from collectives.intranode.compiled import _once
+import tiny
 from tiny import twice
-_loaded(twice, (1.5,))
+_once(tiny.__file__, "twice(float64)", lambda: twice.compile((float64,)))
 assert twice(1.5) == 3.0
 print(sum(twice.stats.cache_misses.values()), sum(twice.stats.cache_hits.values()))
 """
 
 
 def test_processes_of_a_host_that_meet_new_code_at_once_compile_it_once(tmp_path):
-    """As every local rank meets a dtype's node loop at the same call: one process compiles it into numba's
-    cache, the rest wait and load it from there; a process after them loads it without waiting."""
+    """As every local rank meets the node loop, or a dtype's reduce, at the same call: one process compiles it
+    into numba's cache, the rest wait and load it from there; a process after them loads it without waiting."""
     (tmp_path / "tiny.py").write_text(TINY)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), TMPDIR=str(tmp_path))  # fresh cache, markers
     command = [sys.executable, "-c", LOAD, str(tmp_path)]
