@@ -143,10 +143,20 @@ def combine(out, also, a, b, op, both):
 
 
 _ADDRESSES = numpy.empty(0, numpy.int64)  # the type of `sources`' elements below
-# reduce(out, also, both, sources, size, count, op, acc): `reducer`'s functions, all of one type, so that `run`
-# is compiled once for every dtype and only these per dtype.
-REDUCE = types.void(types.int64, types.int64, types.boolean, types.int64, types.int64, types.int64, types.int64,
-                    types.int64)
+# reduce(out, also, both, sources, size, count, op, acc), all int64: the C signature of `reducer`'s functions,
+# which `run` calls by address (call_reduce), so that it is compiled once for every dtype and only these per dtype.
+REDUCE = types.void(*[types.int64] * 8)
+
+
+@intrinsic
+def call_reduce(typingctx, address, out, also, both, sources, size, count, op, acc):
+    """The reduce at `address` (a `reducer` function's) on the rest: by address, so that numba types no
+    function object at every call of `run`."""
+    def codegen(context, builder, sig, args):
+        signature = ir.FunctionType(ir.VoidType(), [ir.IntType(64)] * 8)
+        builder.call(builder.inttoptr(args[0], signature.as_pointer()), args[1:])
+        return context.get_dummy_value()
+    return types.void(*[types.int64] * 9), codegen
 
 
 @functools.cache
@@ -162,7 +172,7 @@ def reducer(dtype):
         result, second = view(out, like, count), view(also, like, count)
         if size == 1:
             copy(result, view(inputs[0], like, count))
-            if both:
+            if both != 0:
                 copy(second, result)
             return
         first = view(inputs[0], like, count)
@@ -172,7 +182,7 @@ def reducer(dtype):
             for k in range(2, size - 1):
                 combine(part, part, part, view(inputs[k], like, count), op, False)
             first = part
-        combine(result, second, first, view(inputs[size - 1], like, count), op, both)
+        combine(result, second, first, view(inputs[size - 1], like, count), op, both != 0)
     return reduce_block
 
 
@@ -189,7 +199,7 @@ def run(description, input_rings, result_rings, alloc_bases, starts, source, des
     first element, then n (protocol.starts). source, destination: the addresses of the send buffer's n
     elements of `item` bytes and of the receive buffer's (0 on a Reduce's other ranks); target: the Reduce's
     local target, or -1 when every rank reads the result; base: seq << 32; op: a code of binop; hands_out,
-    ready: protocol.MODES; reduce: `reducer`'s function for the elements' dtype. Everything here but
+    ready: protocol.MODES; reduce: the address of `reducer`'s function for the elements' dtype. Everything here but
     `reduce` moves bytes, so this loop is compiled once for every dtype.
     """
     d = description[0]
@@ -223,7 +233,6 @@ def run(description, input_rings, result_rings, alloc_bases, starts, source, des
             in_place[k] = alloc_bases[win, k] + load_acquire(field_address(flags, row, k, d.send_off))
     acc = numpy.empty(BLOCK * item, numpy.uint8)
     sources = numpy.empty(size, numpy.int64)
-    # reduce's arguments are int64 addresses, and a first-class function takes only its own types
     acc_at, sources_at = numpy.int64(acc.ctypes.data), numpy.int64(sources.ctypes.data)
     copied = groups if ready or in_place[me] >= 0 else 0
     if in_place[me] >= 0:
@@ -279,7 +288,8 @@ def run(description, input_rings, result_rings, alloc_bases, starts, source, des
                                           + (start - lo) * item)
                     cell = cells + (start - lo) * item
                     out = destination + start * item if reader else cell
-                    reduce(out, cell if to_cell else out, reader and to_cell, sources_at, size, stop - start, op, acc_at)
+                    call_reduce(reduce, out, cell if to_cell else out, 1 if reader and to_cell else 0, sources_at, size,
+                                stop - start, op, acc_at)
             reduced += 1
             publish(flags, row, me, d.reduced, base | reduced)
         else:  # the other owners' results of the group, into my destination

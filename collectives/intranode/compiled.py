@@ -33,7 +33,7 @@ def run(windows, src, dst, op, target, base, mode):
     reduce = _REDUCERS.get(src.dtype)
     if reduce is None:
         reduce = _REDUCERS[src.dtype] = _once(_steps.__file__, f"reducer {src.dtype.str}",
-                                              lambda: _steps.reducer(src.dtype))
+                                              lambda: _steps.reducer(src.dtype).address)
     item = src.itemsize
     starts = protocol.starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)
     hands_out, ready = protocol.MODES[mode]
@@ -47,7 +47,7 @@ def run(windows, src, dst, op, target, base, mode):
     _steps.run(*args)
 
 
-_REDUCERS = {}  # dtype -> its compiled reduce (_steps.reducer)
+_REDUCERS = {}  # dtype -> the address of its compiled reduce (_steps.reducer)
 
 
 def _once(source, what, make):
