@@ -83,7 +83,7 @@ class Comm(MPI.Intracomm):
         index = next(_set_ups)
         self.signature_check = Name("Signature check", index)
         rank, size, native_pairs, computed_pairs = self.Get_rank(), self.Get_size(), {}, {}
-        keeps = not self.check and self.forced is None
+        keeps = not self.check  # SCAFFE_CHECK compares every call's signature across the ranks
         # Everything a call reads on the latency path is in its Lane: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
         lanes = tuple(Lane(kind, method, Name(method.__name__, index), keeps,

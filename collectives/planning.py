@@ -37,8 +37,7 @@ _PATHS = ("host", "direct")
 class Lane:
     """One override on one communicator: its kind, the wrapped MPI's method it stands in for (`native`),
     its event name, whether it blocks, and the plans of the calls it has met (`plans`, by the ids of the
-    call's two buffer arguments; `keeps` False when every call is planned afresh: SCAFFE_CHECK,
-    SCAFFE_REDUCE_ALGO).
+    call's two buffer arguments; `keeps` False when every call is planned afresh: SCAFFE_CHECK).
 
     `native_pairs` maps a dtype number to the handles of the ops that went native with it (None: a
     Bcast's); `computed_pairs` maps (op handle, dtype) to the op's name for those our algorithms ran (the
