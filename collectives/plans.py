@@ -22,10 +22,10 @@ from mpi4py import MPI
 from collectives import devices, waiting
 from collectives.call import Call
 from collectives.devices.memory import synchronize
-from collectives.events import listeners, reported, with_label
+from collectives.events import reported, with_label
 
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
-_REJECTED = (BufferError, ValueError)
+REJECTED = (BufferError, ValueError)
 _BYTE_SIZED = frozenset((bytes, bytearray, mmap.mmap))
 _HOST_KINDS = _BYTE_SIZED | {numpy.ndarray, memoryview, array.array}
 
@@ -114,6 +114,7 @@ class Plan:
 
     __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place")
     kept = True
+    direct = False  # whether Lane.call may make the wrapped MPI's call itself (NativePlan's on a blocking lane)
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         self.lane, self.op, self.root, self.nbytes = lane, op, root, nbytes
@@ -143,10 +144,11 @@ class NativePlan(Plan):
     algorithm), the path depends only on the buffer living on the host: the plan then compares the kinds
     of objects alone (`kinds`, from host_kinds), which costs a repeat far less than a signature."""
 
-    __slots__ = ("kinds",)
+    __slots__ = ("kinds", "direct")
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
+        self.direct = lane.blocking
         self.kinds = host_kinds(recvbuf if self.in_place else buf) if lane.native_below == float("inf") else None
 
     def holds(self, buf, recvbuf, stream):
@@ -163,23 +165,10 @@ class NativePlan(Plan):
             if not lane.blocking:
                 request = native(comm, *native_args(kind, buf, recvbuf, op, root))
                 return comm.progress.follow(request, with_label(lane.event_name), self.nbytes)
-            if listeners:
-                return reported(with_label(lane.event_name), self.nbytes, native, comm,
-                                *native_args(kind, buf, recvbuf, op, root))
-            # collectives.events.started and finished inline, the arguments spelled out: two Python calls
-            # and a star call are a measurable part of this path.
-            tally = lane.event_name.tally
-            tally[0] += 1
-            tally[2] = self.nbytes
-            try:
-                if kind == "reduce":
-                    return native(comm, buf, recvbuf, op, root)
-                if kind == "allreduce":
-                    return native(comm, buf, recvbuf, op)
-                return native(comm, buf, root)
-            finally:
-                tally[1] += 1
-        except _REJECTED as error:
+            # Lane.call makes a call without a stream or listeners itself; this is every other blocking one.
+            return reported(with_label(lane.event_name), self.nbytes, native, comm,
+                            *native_args(kind, buf, recvbuf, op, root))
+        except REJECTED as error:
             raise Stale(error) from error
 
 
