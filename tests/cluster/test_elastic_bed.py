@@ -57,7 +57,9 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
     bed = bed_of_four
     h1, h2, h3, h4 = addresses(bed)
     listed = tmp_path / "listed"
-    with elastic_job(bed, tmp_path, [h1, h2, h3], 240, {"SCAFFE_STALL_S": "10"}) as job:
+    # 480 iterations: after the resume (at most 45) the job must still reach a commit after discovery, polled once a
+    # second, shows the new host; at 240 a fast run of the tiny net ended before it could.
+    with elastic_job(bed, tmp_path, [h1, h2, h3], 480, {"SCAFFE_STALL_S": "10"}) as job:
         killed_at, at = job.iteration()
         while killed_at < 45:
             killed_at, at = job.iteration(at + 1)
