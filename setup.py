@@ -13,7 +13,7 @@ setup(
     packages=find_packages(include=["collectives", "collectives.*", "kernels", "kernels.*",
                                     "scaffe", "scaffe.*", "perf", "perf.*"]),
     package_data={"scaffe": ["proto/*.proto"]},
-    install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "h5py", "lmdb", "protobuf>=7.35.1",
+    install_requires=["numpy", "mpi4py>=4", "mpich", "numba", "llvmlite", "h5py", "lmdb", "protobuf>=7.35.1",
                       "pillow", "threadpoolctl"],
     extras_require={
         # The CUDA 12 compilers from PyPI (NVRTC, and NVVM with ptxas) let CI compile every CUDA kernel

@@ -13,6 +13,7 @@ from mpi4py import MPI
 
 from collectives import ops, settings
 from collectives.intranode import compiled, interpreted
+from collectives.intranode.compiled import address
 from collectives.intranode.counters import CounterBlock
 from collectives.intranode.protocol import DESCRIPTION, DEPTH, LINE, NOT_SHARED, RESULT_CELLS, Slot, range_start
 from collectives.intranode.wait import COMPILED_SPINS, NAP_US, YIELDS
@@ -20,12 +21,8 @@ from collectives.intranode.wait import COMPILED_SPINS, NAP_US, YIELDS
 _SHIFT = 32  # counters hold seq << _SHIFT | progress
 
 
-def _address(array):
-    return MPI.buffer(array).address  # a fifth of the cost of __array_interface__, on the per-call path
-
-
 def _line_offset(array):
-    return 0 if array is None else _address(array) % LINE
+    return 0 if array is None else address(array) % LINE
 
 
 def _chunk(nbytes):
@@ -54,8 +51,8 @@ class SharedWindows(CounterBlock):
                     for k in range(self.local_size)]
         self.input_rings = [seg[:inputs_bytes] for seg in segments]
         self.result_rings = [seg[inputs_bytes:] for seg in segments]
-        self.input_ring_addresses = numpy.array([_address(r) for r in self.input_rings], dtype=numpy.int64)
-        self.result_ring_addresses = numpy.array([_address(r) for r in self.result_rings], dtype=numpy.int64)
+        self.input_ring_addresses = numpy.array([address(r) for r in self.input_rings], dtype=numpy.int64)
+        self.result_ring_addresses = numpy.array([address(r) for r in self.result_rings], dtype=numpy.int64)
         described = dict(
             control=self.address, slots_per_rank=self.row_words, copied=Slot.COPIED,
             reduced=Slot.REDUCED, drained=Slot.DRAINED, send_line_off=Slot.SEND_LINE_OFF,
@@ -63,6 +60,7 @@ class SharedWindows(CounterBlock):
             local_rank=self.local_rank, local_size=self.local_size, cell_stride=self._stride, depth=DEPTH,
             spins=COMPILED_SPINS, yields=YIELDS, nap_us=NAP_US)
         self.description = numpy.array([tuple(described[name] for name in DESCRIPTION.names)], DESCRIPTION)
+        self.scratch = compiled.scratch(self.local_size)
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         self.alloc_bases = numpy.zeros((0, self.local_size), dtype=numpy.int64)  # [window, rank]: its address
@@ -77,7 +75,7 @@ class SharedWindows(CounterBlock):
         segments = [numpy.frombuffer(win.Shared_query(k)[0], dtype=numpy.uint8)
                     for k in range(self.local_size)]
         self._alloc_wins.append((win, segments))
-        bases = [[_address(seg) for seg in segs] for _, segs in self._alloc_wins]
+        bases = [[address(seg) for seg in segs] for _, segs in self._alloc_wins]
         self.alloc_bases = numpy.array(bases, dtype=numpy.int64)
         return segments[self.local_rank][:nbytes].view(dtype).reshape(shape)
 
@@ -85,10 +83,10 @@ class SharedWindows(CounterBlock):
         """(window index, byte offset) of `array` inside one of my alloc windows, or (NOT_SHARED, 0)."""
         if array is None or not self._alloc_wins:
             return NOT_SHARED, 0
-        start = _address(array)
+        start = address(array)
         for index, (_, segments) in enumerate(self._alloc_wins):
             mine = segments[self.local_rank]
-            base = _address(mine)
+            base = address(mine)
             if base <= start and start + array.nbytes <= base + mine.nbytes:
                 return index, start - base
         return NOT_SHARED, 0
@@ -153,7 +151,7 @@ class SharedWindows(CounterBlock):
     def _node_call(self, src, dst, op, target, mode):
         base = self.begin()
         send_win, send_off = self.locate(src)
-        self.set_field(Slot.SEND_LINE_OFF, _address(src) % LINE)
+        self.set_field(Slot.SEND_LINE_OFF, address(src) % LINE)
         self.set_field(Slot.RECV_LINE_OFF, _line_offset(dst))
         self.set_field(Slot.SEND_WIN, send_win)
         self.set_field(Slot.SEND_OFF, send_off)

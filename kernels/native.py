@@ -1,0 +1,175 @@
+"""Compiled CPU code loaded without numba: numba compiles a function once per host, every process loads its
+machine code with llvmlite and calls it through ctypes.
+
+numba's own cache (`cache=True`) costs most of a second in every process that loads from it: importing numba
+and building its target context. A job of many ranks pays that at every start, and a test suite of hundreds
+of launches pays it hundreds of times; llvmlite alone loads a function in a few milliseconds.
+
+    entry = native.load("collectives.intranode._steps", "reducer", numpy.dtype("float32"))
+    entry(out, also, ...)                     # int64 and float arguments: addresses, sizes, codes
+
+`factory(*args)` in `module` returns a Python function and its argument types (numba scalar types); numba
+compiles it to its native calling convention with no Python wrapper, and the object code is kept in the
+user's cache, keyed by the module's source text, the factory and its arguments, and the CPU. What a factory
+compiles must be defined in its own module (a change elsewhere would not change the key), allocate nothing
+and raise nothing: its machine code may name C library functions and, as every array it makes is a view
+with no owner, numba's release of an owned array, which is bound here to a function that aborts.
+"""
+import ctypes
+import fcntl
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import pickle
+import struct
+import tempfile
+import threading
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+
+# numba's runtime function that its reference counting names, reached only when an owned array is freed.
+_NEVER_CALLED = """
+declare void @abort()
+define void @NRT_MemInfo_call_dtor(ptr %meminfo) {
+  call void @abort()
+  unreachable
+}
+"""
+_CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "double": ctypes.c_double, "float": ctypes.c_float}
+_OK = (0, -2)  # numba's status codes for a normal return (a value, or None)
+
+_loaded = {}  # key -> Entry
+_lock = threading.Lock()
+_machine = None
+
+
+class Entry:
+    """One loaded function: call it with its arguments; `address` is its native entry point, for compiled code
+    that calls it (`i32 f(ptr, ptr, args...)`, numba's calling convention)."""
+
+    def __init__(self, name, engine, symbol, argument_types):
+        self.name = name
+        self._engine = engine  # owns the machine code
+        self.address = engine.get_function_address(symbol)
+        prototype = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                     *[_CTYPES[t] for t in argument_types])
+        self._function = prototype(self.address)  # ctypes lets go of the GIL during the call
+        self._result = ctypes.create_string_buffer(64)  # nothing returns a value; written only on a failure
+        self._error = ctypes.create_string_buffer(64)
+
+    def __call__(self, *args):
+        status = self._function(self._result, self._error, *args)
+        if status not in _OK:
+            raise RuntimeError(f"compiled {self.name} failed (status {status})")
+
+
+def load(module, factory, *args):
+    """The Entry of `factory(*args)` in `module`: loaded from the cache, or compiled into it first."""
+    source = Path(importlib.util.find_spec(module).origin).read_bytes()
+    key = hashlib.sha256(repr((hashlib.sha256(source).hexdigest(), module, factory, args, _versions(),
+                               _cpu())).encode()).hexdigest()
+    with _lock:
+        entry = _loaded.get(key)
+        if entry is None:
+            name = f"{factory}({', '.join(str(getattr(a, 'name', a)) for a in args)})"
+            entry = _loaded[key] = Entry(name, *_link(_cached(key, lambda: _compile(module, factory, args))))
+        return entry
+
+
+def _versions():
+    return importlib.metadata.version("numba"), llvmlite.__version__
+
+
+def _cpu():
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def _folder():
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "scaffe" / "native"
+
+
+def _cached(key, compile_):
+    """The compiled record of `key`: read from the cache, or compiled by the first process of the host that
+    needs it, under a lock, while the others wait and then read what it wrote."""
+    try:
+        folder = _folder()
+        path = folder / key
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / "lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
+                if not path.exists():
+                    record = compile_()
+                    with tempfile.NamedTemporaryFile(dir=folder, delete=False) as out:
+                        pickle.dump(record, out)
+                    os.replace(out.name, path)
+                    return record
+        with open(path, "rb") as stored:
+            return pickle.load(stored)
+    except OSError:  # no cache to share (read-only, full): each process compiles for itself
+        return compile_()
+
+
+def _compile(module, factory, args):
+    """numba's native code of factory(*args): (object code, symbol, LLVM argument types)."""
+    from numba import njit
+    function, argument_types = getattr(importlib.import_module(module), factory)(*args)
+    compiled = njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)(function)
+    compiled.compile(tuple(argument_types))
+    result = compiled.overloads[tuple(argument_types)]
+    symbol = result.fndesc.llvm_func_name
+    llvm_types = [str(a.type) for a in result.library.get_function(symbol).arguments][2:]
+    _, _, (object_code, _) = result.library.serialize_using_object_code()
+    unknown = [t for t in llvm_types if t not in _CTYPES]
+    missing = [name for name in _undefined(object_code) if not _resolvable(name)]
+    if unknown or missing:
+        raise RuntimeError(f"{module}.{factory}{args!r} cannot be loaded without numba: "
+                           f"argument types {unknown}, symbols {missing}")
+    return object_code, symbol, llvm_types
+
+
+def _resolvable(name):
+    if name == "NRT_MemInfo_call_dtor":
+        return True
+    try:
+        getattr(ctypes.CDLL(None), name)
+        return True
+    except AttributeError:
+        return False
+
+
+def _undefined(object_code):
+    """The undefined symbols of an ELF64 little-endian object file (what the loader must resolve)."""
+    shoff, = struct.unpack_from("<Q", object_code, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", object_code, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", object_code, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, kind, _, _, offset, size, link, _, _, entsize in sections:
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[link][4]
+        for at in range(offset + entsize, offset + size, entsize):  # entry 0 is the null symbol
+            name_at, _, _, section_index = struct.unpack_from("<IBBH", object_code, at)
+            if section_index == 0 and name_at:
+                end = object_code.index(b"\0", strings + name_at)
+                names.append(object_code[strings + name_at:end].decode())
+    return names
+
+
+def _link(record):
+    """A fresh execution engine holding the record's machine code, its symbol and argument types."""
+    global _machine
+    object_code, symbol, llvm_types = record
+    if _machine is None:
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        _machine = llvm.Target.from_default_triple().create_target_machine(codemodel="jitdefault")
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_NEVER_CALLED), _machine)
+    engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
+    engine.finalize_object()
+    return engine, symbol, llvm_types

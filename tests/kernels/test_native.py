@@ -1,0 +1,91 @@
+"""kernels.native: numba compiles a function once per host; every process, the compiling one included, loads
+its machine code with llvmlite alone and calls it."""
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+from kernels import native
+
+TINY = """
+import numpy
+from numba import carray, types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def float64_pointer(typingctx, address):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+    return types.CPointer(types.float64)(types.int64), codegen
+
+
+def scaled(factor):
+    def scale(out, data, count):
+        source = carray(float64_pointer(data), count)
+        target = carray(float64_pointer(out), count)
+        for i in range(count):
+            target[i] = factor * source[i]
+    return scale, (types.int64,) * 3
+
+
+def allocating():
+    def fill(count):
+        numpy.zeros(count)
+    return fill, (types.int64,)
+"""
+LOAD = """
+import sys
+import numpy
+sys.path.insert(0, sys.argv[1])
+from kernels import native
+data, out = numpy.arange(5.0), numpy.zeros(5)
+native.load("tiny", "scaled", 3.0)(out.ctypes.data, data.ctypes.data, 5)
+assert out.tolist() == [0.0, 3.0, 6.0, 9.0, 12.0], out
+print("numba" in sys.modules)
+"""
+
+
+def _cached_env(tmp_path):
+    (tmp_path / "tiny.py").write_text(TINY)
+    return dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))  # a fresh cache
+
+
+def test_processes_that_meet_new_code_at_once_compile_it_once_and_later_ones_load_it_without_numba(tmp_path):
+    """As every local rank meets the node loop, or a dtype's reduce, at the same call: one process compiles it,
+    the rest wait and load what it wrote; none of them but the compiler imports numba."""
+    env = _cached_env(tmp_path)
+    command = [sys.executable, "-c", LOAD, str(tmp_path)]
+    at_once = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    imported = [process.communicate(timeout=120)[0].split() for process in at_once]
+    assert all(process.returncode == 0 for process in at_once)
+    assert sorted(imported) == [["False"], ["False"], ["True"]], imported
+    later = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert later.stdout.split() == ["False"], later.stderr
+
+
+def test_a_factory_argument_is_part_of_the_key(tmp_path, monkeypatch):
+    env = _cached_env(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data, out = numpy.arange(3.0), numpy.zeros(3)
+    for factor in (2.0, -1.0):
+        native.load("tiny", "scaled", factor)(out.ctypes.data, data.ctypes.data, 3)
+        assert out.tolist() == (factor * data).tolist()
+
+
+def test_code_that_needs_numbas_runtime_is_refused_in_one_line(tmp_path, monkeypatch):
+    env = _cached_env(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"allocating\(\) cannot be loaded without numba: .*NRT_MemInfo_alloc"):
+        native.load("tiny", "allocating")
+
+
+def test_the_undefined_symbols_of_an_object_file_are_read_from_its_symbol_table():
+    from collectives.intranode import protocol
+    record = native._compile("collectives.intranode._steps", "loop", (protocol.DESCRIPTION, 2048))
+    assert set(native._undefined(record[0])) <= {"memcpy", "sched_yield", "usleep", "NRT_MemInfo_call_dtor"}
+    assert {"sched_yield", "usleep"} <= set(native._undefined(record[0]))
