@@ -1,15 +1,16 @@
-"""Splits a CPU kernel call over threads: each numba kernel (compiled nogil) takes a [first, last) range.
+"""Splits a CPU kernel call over threads: each compiled kernel (kernels.native; the GIL is let go) takes a
+[first, last) range.
 
 Why not numba's `parallel=True`: every parallel kernel then needs a parfor twin, which is slow to
 compile (seconds each, per dtype and per specialized window size), and a parfor region cannot be
 skipped for small inputs. A plain thread pool over nogil kernels runs the same compiled code serially
 or in parallel, decided per call from the amount of work.
 """
+import functools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 
 # Below this many elements a call finishes in tens of microseconds, less than handing work to another
 # thread costs (and on a loaded machine a parallel call can wait milliseconds for a busy core).
@@ -20,12 +21,13 @@ _executor_pid = None
 _executor_lock = threading.Lock()
 
 
+@functools.cache
 def num_threads():
-    """Threads for kernels: numba's setting (NUMBA_NUM_THREADS), which defaults to the core count."""
+    """Threads for kernels: NUMBA_NUM_THREADS, read once as numba does, else the cores this process may run on."""
     try:
-        return max(1, int(numba.config.NUMBA_NUM_THREADS))
-    except (TypeError, ValueError):
-        return max(1, os.cpu_count() or 1)
+        return max(1, int(os.environ["NUMBA_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return max(1, len(os.sched_getaffinity(0)))
 
 
 def parallel_parts(work, units):

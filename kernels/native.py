@@ -11,8 +11,8 @@ of launches pays it hundreds of times; llvmlite alone loads a function in a few 
 `factory(*args)` in `module` returns a Python function and its argument types (numba scalar types); numba
 compiles it to its native calling convention with no Python wrapper, and the object code is kept in the
 user's cache, keyed by the module's source text, the factory and its arguments, and the CPU. What a factory
-compiles must be defined in its own module (a change elsewhere would not change the key), allocate nothing
-and raise nothing: its machine code may name C library functions and, as every array it makes is a view
+compiles must be defined in its own module or in kernels/_views.py (a change elsewhere would not change the
+key), allocate nothing and raise nothing: its machine code may name C library functions and, as every array it makes is a view
 with no owner, numba's release of an owned array, which is bound here to a function that aborts.
 """
 import ctypes
@@ -39,10 +39,11 @@ define void @NRT_MemInfo_call_dtor(ptr %meminfo) {
   unreachable
 }
 """
+VIEWS = "kernels._views"  # what every compiled module may use besides its own code: part of every key
 _CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "double": ctypes.c_double, "float": ctypes.c_float}
 _OK = (0, -2)  # numba's status codes for a normal return (a value, or None)
 
-_loaded = {}  # key -> Entry
+_loaded = {}  # (module, factory, args) -> Entry
 _lock = threading.Lock()
 _machine = None
 
@@ -68,16 +69,20 @@ class Entry:
 
 
 def load(module, factory, *args):
-    """The Entry of `factory(*args)` in `module`: loaded from the cache, or compiled into it first."""
-    source = Path(importlib.util.find_spec(module).origin).read_bytes()
-    key = hashlib.sha256(repr((hashlib.sha256(source).hexdigest(), module, factory, args, _versions(),
-                               _cpu())).encode()).hexdigest()
-    with _lock:
-        entry = _loaded.get(key)
-        if entry is None:
-            name = f"{factory}({', '.join(str(getattr(a, 'name', a)) for a in args)})"
-            entry = _loaded[key] = Entry(name, *_link(_cached(key, lambda: _compile(module, factory, args))))
-        return entry
+    """The Entry of `factory(*args)` in `module`: loaded from the cache, or compiled into it first; kept, so
+    that a kernel's caller may ask for it at every call."""
+    call = (module, factory, args)
+    entry = _loaded.get(call)
+    if entry is None:
+        with _lock:
+            entry = _loaded.get(call)
+            if entry is None:
+                sources = [hashlib.sha256(Path(importlib.util.find_spec(name).origin).read_bytes()).hexdigest()
+                           for name in (module, VIEWS)]
+                key = hashlib.sha256(repr((sources, call, _versions(), _cpu())).encode()).hexdigest()
+                name = f"{factory}({', '.join(str(getattr(a, 'name', a)) for a in args)})"
+                entry = _loaded[call] = Entry(name, *_link(_cached(key, lambda: _compile(module, factory, args))))
+    return entry
 
 
 def _versions():

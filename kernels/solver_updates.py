@@ -1,105 +1,24 @@
-"""The solvers' fused update steps on the CPU: numba twins of the `scaffe_<solver>_update` CUDA kernels
-(kernels/cuda_sources.py), keyed by the same names, used by scaffe.solvers.fused.
-
-Each makes one pass over a run of elements of a single learnable blob where the per-blob pipeline of
-scaffe.solvers.sgd makes five or six over the whole blob, with a temporary array for most of them
-(the time it saves: perf/RESULTS.md, "CPU solver steps as one pass per blob").
-The arithmetic is the CUDA kernels', in their order and in the blob's type T: every scalar arrives as a
-T (`one` too: an integer literal would promote float32 arithmetic to float64), numba does not contract
-a * b + c into a fused multiply-add without fastmath, and numpy.sqrt and / round as IEEE says, so a step
-equals the per-blob pipeline's bit for bit (tests/scaffe/test_gpu_training.py,
-test_cpu_fused_step_equals_the_per_blob_pipeline). The blob's lr_mult and
-decay_mult come folded into `local_rate` and `local_decay`, computed by the caller once per blob.
-"""
+"""The solvers' fused update steps on the CPU (kernels/_solver_updates_cpu.py, the twins of the
+`scaffe_<solver>_update` CUDA kernels), loaded without numba and split over threads, for
+scaffe.solvers.fused."""
 import numpy
-from numba import njit
+
+from kernels import native
+from kernels._threads import run_split
+
+_CPU = "kernels._solver_updates_cpu"
+SCALARS = 8  # one, scale, local_decay, local_rate and at most four of the solver's own
 
 
-@njit(cache=True, inline="always")
-def _gradient(x, d, scale, local_decay, l1):
-    """The gradient after scaling and weight decay (the kernels' prologue)."""
-    g = d * scale
-    if local_decay != 0:
-        g += local_decay * (numpy.sign(x) if l1 else x)
-    return g
-
-
-@njit(cache=True, inline="always")
-def _apply(data, diff, i, x, step):
-    """Keep the step in diff and subtract it from data (the kernels' epilogue)."""
-    diff[i] = step
-    data[i] = x - step
-
-
-@njit(cache=True, nogil=True)
-def _sgd(data, diff, one, scale, local_decay, l1, local_rate, momentum, h0, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        step = momentum * h0[i] + local_rate * g
-        h0[i] = step
-        _apply(data, diff, i, x, step)
-
-
-@njit(cache=True, nogil=True)
-def _nesterov(data, diff, one, scale, local_decay, l1, local_rate, momentum, h0, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        previous = h0[i]
-        h = momentum * previous + local_rate * g
-        h0[i] = h
-        step = (one + momentum) * h - momentum * previous
-        _apply(data, diff, i, x, step)
-
-
-@njit(cache=True, nogil=True)
-def _adagrad(data, diff, one, scale, local_decay, l1, local_rate, delta, h0, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        h = h0[i] + g * g
-        h0[i] = h
-        step = local_rate * (g / (numpy.sqrt(h) + delta))
-        _apply(data, diff, i, x, step)
-
-
-@njit(cache=True, nogil=True)
-def _rmsprop(data, diff, one, scale, local_decay, l1, local_rate, rms_decay, delta, h0, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        h = rms_decay * h0[i] + (one - rms_decay) * (g * g)
-        h0[i] = h
-        step = local_rate * (g / (numpy.sqrt(h) + delta))
-        _apply(data, diff, i, x, step)
-
-
-@njit(cache=True, nogil=True)
-def _adadelta(data, diff, one, scale, local_decay, l1, local_rate, momentum, delta, h0, h1, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        gh = momentum * h0[i] + (one - momentum) * (g * g)
-        scaled = g * numpy.sqrt((h1[i] + delta) / (gh + delta))
-        h0[i] = gh
-        h1[i] = momentum * h1[i] + (one - momentum) * (scaled * scaled)
-        step = local_rate * scaled
-        _apply(data, diff, i, x, step)
-
-
-@njit(cache=True, nogil=True)
-def _adam(data, diff, one, scale, local_decay, l1, local_rate, beta1, beta2, correction, delta, h0, h1, first, last):
-    for i in range(first, last):
-        x = data[i]
-        g = _gradient(x, diff[i], scale, local_decay, l1)
-        m = beta1 * h0[i] + (one - beta1) * g
-        v = beta2 * h1[i] + (one - beta2) * (g * g)
-        h0[i] = m
-        h1[i] = v
-        step = (local_rate * correction) * (m / (numpy.sqrt(v) + delta))
-        _apply(data, diff, i, x, step)
-
-
-CPU_UPDATES = {"scaffe_sgd_update": _sgd, "scaffe_nesterov_update": _nesterov, "scaffe_adagrad_update": _adagrad,
-               "scaffe_rmsprop_update": _rmsprop, "scaffe_adadelta_update": _adadelta, "scaffe_adam_update": _adam}
+def update(name, data, diff, scalars, l1, histories):
+    """The step of CUDA kernel `name` on every element of data, diff and histories (contiguous runs of one
+    blob's elements, of one dtype T); scalars: one, scale, local_decay, local_rate, then the solver's own,
+    each a T."""
+    values = numpy.zeros(SCALARS, data.dtype)
+    values[:len(scalars)] = scalars
+    arrays = (data, diff, *histories)
+    if any(a.dtype != data.dtype or a.size != data.size or not a.flags.c_contiguous for a in arrays):
+        raise ValueError(f"{name}: data, diff and histories must be C-contiguous runs of one size and dtype")
+    args = (data.ctypes.data, diff.ctypes.data, values.ctypes.data, SCALARS, int(l1), histories[0].ctypes.data,
+            histories[-1].ctypes.data, data.size)
+    run_split(native.load(_CPU, "update", name, data.dtype), args, data.size, data.size)

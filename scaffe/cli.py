@@ -11,6 +11,7 @@ on stderr naming the file or layer concerned and exit status 1 (2 for a bad comm
 import argparse
 import csv
 import importlib
+import importlib.metadata
 import os
 import platform
 import sys
@@ -18,6 +19,7 @@ import typing
 
 import numpy
 
+from kernels._threads import num_threads
 from scaffe.elastic.growth import EXIT_GROW, GrowRequested
 from scaffe.log import fmt, get_logger, output_line, setup_logging, take_glog_flags, warnings_logged
 from scaffe.solvers.callbacks import SolverCallback
@@ -484,11 +486,8 @@ def _device_query(args):
     cores = os.cpu_count() or 1
     log.info("CPU: %s, %d logical cores, %s", platform.processor() or platform.machine(), cores, platform.platform())
     log.info("numpy %s", numpy.__version__)
-    try:
-        import numba
-        log.info("numba %s (CPU kernels; %d threads)", numba.__version__, numba.config.NUMBA_NUM_THREADS)
-    except ImportError:
-        log.info("numba not installed: CPU kernels fall back to numpy")
+    log.info("numba %s (compiles the CPU kernels; %d threads run them)", importlib.metadata.version("numba"),
+             num_threads())
     from kernels.backend import cupy_or_none
     cupy = cupy_or_none()
     if cupy is None:

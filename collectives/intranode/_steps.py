@@ -6,12 +6,14 @@ Everything here addresses shared memory and the caller's arrays by integer addre
 """
 import numpy
 from llvmlite import ir
-from numba import carray, njit, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# kernels.native keys the compiled code by this file alone: a constant or function imported from another
-# module would stay frozen in the cached code after that module changed. So the control block's slots and the
+from kernels._views import matrix, view
+
+# kernels.native keys the compiled code by this file (and kernels/_views.py) alone: a constant or function
+# imported from another module would stay frozen in the cached code after that module changed. So the control block's slots and the
 # wait policy (protocol.py's, wait.py's) arrive at run time, in `description`, whose record type and the
 # block size are the factory's arguments; everything compiled in is defined here.
 
@@ -31,15 +33,6 @@ def store_release(typingctx, address, value):
         builder.store_atomic(args[1], pointer, "release", 8)
         return context.get_dummy_value()
     return types.void(types.int64, types.int64), codegen
-
-
-@intrinsic
-def typed_pointer(typingctx, address, like):
-    pointer_type = types.CPointer(like.dtype)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(pointer_type))
-    return pointer_type(types.int64, like), codegen
 
 
 def _call_libc(builder, name, args):
@@ -100,11 +93,6 @@ def move(typingctx, destination, source, count):
                            args[2], 1)
         return context.get_dummy_value()
     return types.void(types.int64, types.int64, types.int64), codegen
-
-
-@njit(nogil=True)
-def view(address, like, count):
-    return carray(typed_pointer(address, like), count)
 
 
 @njit(nogil=True)
@@ -182,11 +170,6 @@ def reducer(dtype):
             first = part
         combine(result, second, first, view(inputs[size - 1], like, count), op, both != 0)
     return reduce_block, REDUCE
-
-
-@njit(nogil=True)
-def matrix(address, like, rows, columns):
-    return carray(typed_pointer(address, like), (rows, columns))
 
 
 RUN = (types.int64,) * 17
