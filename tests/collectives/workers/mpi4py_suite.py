@@ -35,11 +35,16 @@ def wrapped_case(case, comms):
 def drop_unusable_gpu_backends():
     """mpi4py's suite also runs real GPU arrays (numba, cupy) when those import; without a CUDA device they
     fail on the plain communicator too (numba's simulator lacks the streams they use), so they run only
-    where a device is. Its fake GPU arrays (host memory behind `__cuda_array_interface__`) always run."""
+    where a device is. Its fake GPU arrays (host memory behind `__cuda_array_interface__`) always run.
+    Where the tests' conftest found no device (it turned numba's simulator on), the suite does not even
+    import them (numba's simulator and cupy take most of a second in every rank); numba itself stays
+    importable, for kernels.native to compile with on a new host."""
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        sys.modules.update({"numba.cuda": None, "cupy": None})  # their imports then raise ImportError
+        return
     import arrayimpl
-    from numba import config
     from numba import cuda
-    if config.ENABLE_CUDASIM or not cuda.is_available():
+    if not cuda.is_available():
         arrayimpl.ArrayBackends[:] = [backend for backend in arrayimpl.ArrayBackends
                                       if backend.backend not in ("numba", "cupy", "dlpack-cupy")]
 
