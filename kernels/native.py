@@ -11,9 +11,10 @@ of launches pays it hundreds of times; llvmlite alone loads a function in a few 
 `factory(*args)` in `module` returns a Python function and its argument types (numba scalar types); numba
 compiles it to its native calling convention with no Python wrapper, and the object code is kept in the
 user's cache, keyed by the module's source text, the factory and its arguments, and the CPU. What a factory
-compiles must be defined in its own module or in kernels/_views.py (a change elsewhere would not change the
-key), allocate nothing and raise nothing: its machine code may name C library functions and, as every array it makes is a view
-with no owner, numba's release of an owned array, which is bound here to a function that aborts.
+compiles must be defined in its own module or in kernels/_views.py (a change elsewhere would not change
+the key), allocate nothing and raise nothing: its machine code may name C library functions and, as every
+array it makes is a view with no owner, numba's release of an owned array, bound here to a function that
+aborts. Code that names anything else is refused when it is compiled, in one line naming the symbol.
 """
 import ctypes
 import fcntl

@@ -2,6 +2,7 @@
 one within 30 s, and a rank that is only slow does not end it (workers/stall.py); and what the stall
 inspector learns from, collectives.events, hears of every collective (workers/events.py)."""
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -26,11 +27,26 @@ def test_every_collective_is_reported_to_events():
     run_ok(2, "events.py", timeout=60)
 
 
+# The jobs that a frozen or dead rank must end: name -> (ranks, stall.py's action and place, settings).
+ENDED = {**{place: (3, "stop", place, {"SCAFFE_STALL_S": STALL_S, "SCAFFE_RANKS_PER_NODE": per_node})
+            for place, (per_node, _) in FROZEN.items()},
+         "lost": (3, "stop", "small", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
+         "killed": (4, "kill", "large", {"SCAFFE_STALL_S": 60})}
+
+
+@pytest.fixture(scope="module")
+def ended_jobs():
+    """Every job of ENDED, side by side: each spends most of its time waiting for a limit to pass."""
+    with ThreadPoolExecutor(len(ENDED)) as pool:
+        jobs = {name: pool.submit(launch, ranks, "stall.py", action, place, timeout=60, env=env)
+                for name, (ranks, action, place, env) in ENDED.items()}
+        return {name: job.result() for name, job in jobs.items()}
+
+
 @pytest.mark.parametrize("place", FROZEN)
-def test_frozen_rank_ends_the_job_with_a_report(place):
-    per_node, stuck = FROZEN[place]
-    job = launch(3, "stall.py", "stop", place, timeout=60,
-                 env={"SCAFFE_STALL_S": STALL_S, "SCAFFE_RANKS_PER_NODE": per_node})
+def test_frozen_rank_ends_the_job_with_a_report(ended_jobs, place):
+    stuck = FROZEN[place][1]
+    job = ended_jobs[place]
     assert not job.timed_out and job.returncode != 0, job.report()
     assert job.seconds < STALL_S + 30, job.report()
     reports = REPORT.findall(job.stderr)
@@ -44,8 +60,8 @@ LOST_REPORT = re.compile(r"^scaffe: rank [01]: \w+ #\d+ \([^)]*\) has waited \d+
                          r"for SCAFFE_LOST_S=2 s; (.*)$", re.MULTILINE)
 
 
-def test_a_rank_that_stops_answering_ends_the_job_long_before_the_stall_limit():
-    job = launch(3, "stall.py", "stop", "small", timeout=60, env={"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2})
+def test_a_rank_that_stops_answering_ends_the_job_long_before_the_stall_limit(ended_jobs):
+    job = ended_jobs["lost"]
     assert not job.timed_out and job.returncode != 0 and job.seconds < 25, job.report()
     reports = LOST_REPORT.findall(job.stderr)
     assert reports and all("no answer (frozen, dead or exited): rank 2" in rest for rest in reports), job.report()
@@ -57,8 +73,8 @@ def test_a_rank_slower_than_the_lost_limit_that_answers_is_waited_for():
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
-def test_killed_rank_ends_the_job():
-    job = launch(4, "stall.py", "kill", "large", timeout=60, env={"SCAFFE_STALL_S": 60})
+def test_killed_rank_ends_the_job(ended_jobs):
+    job = ended_jobs["killed"]
     assert not job.timed_out and job.returncode != 0, job.report()
     assert job.seconds < 30, job.report()
 

@@ -35,6 +35,13 @@ def allocating():
     def fill(count):
         numpy.zeros(count)
     return fill, (types.int64,)
+
+
+def checking():
+    def check(count):
+        if count < 0:
+            raise ValueError("a negative count")
+    return check, (types.int64,)
 """
 LOAD = """
 import sys
@@ -82,6 +89,16 @@ def test_code_that_needs_numbas_runtime_is_refused_in_one_line(tmp_path, monkeyp
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RuntimeError, match=r"allocating\(\) cannot be loaded without numba: .*NRT_MemInfo_alloc"):
         native.load("tiny", "allocating")
+
+
+def test_an_entry_that_raises_fails_with_its_name(tmp_path, monkeypatch):
+    env = _cached_env(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check = native.load("tiny", "checking")
+    check(3)
+    with pytest.raises(RuntimeError, match=r"^compiled checking\(\) failed \(status 1\)$"):
+        check(-1)
 
 
 def test_the_undefined_symbols_of_an_object_file_are_read_from_its_symbol_table():
