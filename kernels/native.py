@@ -102,23 +102,38 @@ def _folder():
 def _cached(key, compile_):
     """The compiled record of `key`: read from the cache, or compiled by the first process of the host that
     needs it, under a lock, while the others wait and then read what it wrote."""
+    folder = _folder()
+    path = folder / key
+    record = _read(path)
+    if record is not None:
+        return record
     try:
-        folder = _folder()
-        path = folder / key
-        if not path.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            with open(folder / "lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
-                if not path.exists():
-                    record = compile_()
-                    with tempfile.NamedTemporaryFile(dir=folder, delete=False) as out:
-                        pickle.dump(record, out)
-                    os.replace(out.name, path)
-                    return record
-        with open(path, "rb") as stored:
-            return pickle.load(stored)
-    except OSError:  # no cache to share (read-only, full): each process compiles for itself
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / "lock", "a")
+    except OSError:  # no cache to share (read-only): each process compiles for itself
         return compile_()
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
+        record = _read(path)
+        if record is None:
+            record = compile_()
+            try:
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".partial-", delete=False) as out:
+                    pickle.dump(record, out)
+                os.replace(out.name, path)
+            except OSError:  # a full disk: a later process compiles it again
+                pass
+    return record
+
+
+def _read(path):
+    """The record kept at `path`, or None where there is none or it is damaged (then compiled again over it)."""
+    try:
+        with open(path, "rb") as stored:
+            object_code, symbol, llvm_types = pickle.load(stored)
+    except (OSError, EOFError, ValueError, TypeError, pickle.UnpicklingError):
+        return None
+    return (object_code, symbol, llvm_types) if object_code[:4] == b"\x7fELF" else None
 
 
 def _compile(module, factory, args):

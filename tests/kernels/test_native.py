@@ -3,6 +3,7 @@ its machine code with llvmlite alone and calls it."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy
 import pytest
@@ -71,6 +72,17 @@ def test_processes_that_meet_new_code_at_once_compile_it_once_and_later_ones_loa
     assert sorted(imported) == [["False"], ["False"], ["True"]], imported
     later = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert later.stdout.split() == ["False"], later.stderr
+
+
+def test_a_damaged_cache_entry_is_compiled_again(tmp_path, monkeypatch):
+    env = _cached_env(tmp_path)
+    subprocess.run([sys.executable, "-c", LOAD, str(tmp_path)], env=env, check=True, timeout=120)
+    (kept,) = (Path(env["XDG_CACHE_HOME"]) / "scaffe" / "native").glob("[0-9a-f]*")
+    kept.write_bytes(kept.read_bytes()[:100])  # cut short, as by a crash of a copy
+    again = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path)], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0 and again.stdout.split() == ["True"], again.stderr  # compiled again: numba
+    assert len(kept.read_bytes()) > 1000
 
 
 def test_a_factory_argument_is_part_of_the_key(tmp_path, monkeypatch):
