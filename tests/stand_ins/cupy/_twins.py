@@ -2,9 +2,12 @@
 
 Each twin is a line-by-line translation of its kernel's CUDA body, vectorised over the thread index `i`:
 same index arithmetic, same summation order, arithmetic kept in the kernel's type T (a C `T / int` is a
-T division). Raw arrays are read flat in C order, as cupy's raw indexing reads them; outputs are written
+T division); the index arithmetic of im2col and col2im is kept per geometry, as a training loop repeats it.
+Raw arrays are read flat in C order, as cupy's raw indexing reads them; outputs are written
 at their C-order flat index `i` (the kernel runs in blocks of `i`). The CUDA sources themselves are checked by the NVRTC compile tests, not here.
 """
+import functools
+
 import numpy
 
 TWINS = {}
@@ -27,6 +30,14 @@ def _gather(raw, index, valid):
 
 @twin("scaffe_im2col")
 def _im2col(i, x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, col):
+    index, inside = _im2col_taps(i.size, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow)
+    _store(col, i, _gather(x, index, inside))
+
+
+@functools.lru_cache(maxsize=8)
+def _im2col_taps(threads, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow):
+    """(index, inside) of the kernel's gather for threads [0, threads), kept per geometry."""
+    i = numpy.arange(threads, dtype=numpy.int64)
     positions = oh * ow
     p = i % positions
     n = (i // positions) % n_img
@@ -37,17 +48,27 @@ def _im2col(i, x, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw
     y = (p // ow) * sh - ph + ki * dh
     xx = (p % ow) * sw - pw + kj * dw
     inside = (y >= 0) & (y < height) & (xx >= 0) & (xx < width)
-    _store(col, i, _gather(x, ((n * channels + c) * height + y) * width + xx, inside))
+    return ((n * channels + c) * height + y) * width + xx, inside
 
 
 @twin("scaffe_col2im")
 def _col2im(i, col, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, dx):
+    acc = numpy.zeros(i.shape, dtype=col.dtype)
+    for index, ok in _col2im_taps(i.size, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow):
+        acc += _gather(col, index, ok)
+    _store(dx, i, acc)
+
+
+@functools.lru_cache(maxsize=8)
+def _col2im_taps(threads, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, dw, oh, ow):
+    """(index, ok) of every tap in the kernel's order, for threads [0, threads), kept per geometry."""
+    i = numpy.arange(threads, dtype=numpy.int64)
     xx = i % width
     y = (i // width) % height
     c = (i // (width * height)) % channels
     n = i // (width * height * channels)
     positions = oh * ow
-    acc = numpy.zeros(i.shape, dtype=col.dtype)
+    taps = []
     for ki in range(kh):
         ys = y + ph - ki * dh
         oy = ys // sh
@@ -57,8 +78,8 @@ def _col2im(i, col, n_img, channels, height, width, kh, kw, ph, pw, sh, sw, dh, 
             ox = xs // sw
             ok = row_ok & (xs >= 0) & (xs % sw == 0) & (ox < ow)
             row = (c * kh + ki) * kw + kj
-            acc += _gather(col, (row * n_img + n) * positions + oy * ow + ox, ok)
-    _store(dx, i, acc)
+            taps.append(((row * n_img + n) * positions + oy * ow + ox, ok))
+    return taps
 
 
 @twin("scaffe_max_pool_forward")
