@@ -17,7 +17,6 @@ from mpi4py import MPI
 
 from collectives.ops import COMPILED_OPS
 from collectives.intranode import protocol
-from kernels import native
 
 _OP_CODES = {name: code for code, name in enumerate(COMPILED_OPS)}
 
@@ -48,12 +47,16 @@ def address(array):
     return MPI.buffer(array).address  # a fifth of the cost of __array_interface__, on the per-call path
 
 
+# kernels.native is imported at the first node call: llvmlite takes tens of ms, which a job of small messages
+# (native MPI calls) need not pay.
 @functools.cache
 def _loop():
+    from kernels import native
     return native.load(_STEPS, "loop", protocol.DESCRIPTION, BLOCK)
 
 
 @functools.cache
 def _reducer(dtype):
     """The address of the compiled reduce of a block of `dtype` elements."""
+    from kernels import native
     return native.load(_STEPS, "reducer", dtype).address
