@@ -95,7 +95,10 @@ def _cpu():
 
 
 def _folder():
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home directory: the machine's temporary folder, per user
+        base = Path(tempfile.gettempdir()) / f"scaffe-{os.getuid()}"
     return base / "scaffe" / "native"
 
 
