@@ -8,11 +8,11 @@ does) lets the convolution run as a single large GEMM over the whole batch, whic
 
 CPU kernels (kernels/_im2col_cpu.py) are compiled by numba once and loaded without it (kernels.native);
 large calls are split over threads by rows (im2col) or by (image, channel) planes (col2im), so no two
-threads ever write the same element. The GPU twins
-(kernels/_im2col_gpu.py) take cupy arrays and are compiled once by cupy and cached; `im2col` /
-`col2im` pick the twin from the array module.
+threads ever write the same element. The GPU twins (kernels/_im2col_gpu.py) take cupy arrays and are
+compiled once by cupy and cached; `im2col` / `col2im` pick the twin from the array module.
 """
 import numpy
+
 from kernels import native
 from kernels._threads import run_split
 from kernels.backend import get_array_module

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
+import numpy
 
 # numba's runtime function that its reference counting names, reached only when an owned array is freed.
 _NEVER_CALLED = """
@@ -67,6 +68,14 @@ class Entry:
         status = self._function(self._result, self._error, *args)
         if status not in _OK:
             raise RuntimeError(f"compiled {self.name} failed (status {status})")
+
+
+def address(array, dtype, what):
+    """Where `array`'s elements start, for an entry that reads them as C-contiguous `dtype` elements; `what`
+    names the array in the error."""
+    if not array.flags.c_contiguous or array.dtype != dtype:
+        raise ValueError(f"{what} must be a C-contiguous {numpy.dtype(dtype).name} array")
+    return array.ctypes.data
 
 
 def load(module, factory, *args):

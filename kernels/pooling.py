@@ -6,8 +6,8 @@ MAX clips the window to the image and keeps the index of the first largest value
 the *padded* image (padded cells count as zeros), then sums over the window clipped to the image.
 
 CPU kernels (kernels/_pooling_cpu.py) are compiled by numba once and loaded without it (kernels.native),
-and split over threads by (image, channel) planes, so that backward's scatter never races. 2x2 and 3x3 windows (LeNet, cifar10, AlexNet, GoogLeNet) get kernels
-with the window size compiled in: windows that lie inside the image then run fully unrolled, about 3x
+and split over threads by (image, channel) planes, so that backward's scatter never races. 2x2 and 3x3
+windows (LeNet, cifar10, AlexNet, GoogLeNet) get kernels with the window size compiled in: windows that lie inside the image then run fully unrolled, about 3x
 faster than loops with run-time bounds. Arrays are indexed with unsigned integers, which spares
 numba's negative-index wraparound check in the inner loops (see _im2col_cpu.py). The GPU twins in
 kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
@@ -36,13 +36,6 @@ def _pair(v):
     return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
-def _at(a, what, dtype):
-    """The address of `a`'s elements, which a kernel reads as C-contiguous `dtype` elements."""
-    if not a.flags.c_contiguous or a.dtype != dtype:
-        raise ValueError(f"pooling: {what} must be a C-contiguous {numpy.dtype(dtype).name} array")
-    return a.ctypes.data
-
-
 def max_pool_forward(x, kernel, pad, stride, out_size, top=None, mask=None):
     """MAX pooling of x (N, C, H, W) to (N, C, oh, ow) = out_size; returns (top, mask).
 
@@ -60,8 +53,9 @@ def max_pool_forward(x, kernel, pad, stride, out_size, top=None, mask=None):
     mask = xp.empty(shape, dtype=numpy.int32) if mask is None else mask
     x = xp.ascontiguousarray(x)
     if xp is numpy:
-        args = (x.ctypes.data, x.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow, _at(top, "top", x.dtype),
-                _at(mask, "mask", numpy.int32), top.size)
+        args = (x.ctypes.data, x.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow,
+                native.address(top, x.dtype, "pooling: top"), native.address(mask, numpy.int32, "pooling: mask"),
+                top.size)
         run_split(native.load(_CPU, "max_forward", x.dtype, *_fixed_window(kh, kw)), args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
@@ -81,8 +75,8 @@ def max_pool_backward(dtop, mask, kernel, pad, stride, image_shape, dx=None):
     if xp is numpy:
         if mask.shape != dtop.shape:
             raise ValueError(f"pooling: mask has shape {mask.shape}, the gradient {dtop.shape}")
-        args = (dtop.ctypes.data, _at(mask, "mask", numpy.int32), dtop.size, height * width,
-                dtop.shape[2] * dtop.shape[3], _at(dx, "dx", dtop.dtype), dx.size)
+        args = (dtop.ctypes.data, native.address(mask, numpy.int32, "pooling: mask"), dtop.size, height * width,
+                dtop.shape[2] * dtop.shape[3], native.address(dx, dtop.dtype, "pooling: dx"), dx.size)
         run_split(native.load(_CPU, "max_backward", dtop.dtype), args, n_img * channels, dx.size)
     else:
         from kernels import _pooling_gpu
@@ -104,8 +98,8 @@ def ave_pool_forward(x, kernel, pad, stride, out_size, top=None):
     top = xp.empty((n_img, channels, oh, ow), dtype=x.dtype) if top is None else top
     x = xp.ascontiguousarray(x)
     if xp is numpy:
-        args = (x.ctypes.data, x.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow, _at(top, "top", x.dtype),
-                top.size)
+        args = (x.ctypes.data, x.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow,
+                native.address(top, x.dtype, "pooling: top"), top.size)
         run_split(native.load(_CPU, "ave_forward", x.dtype, *_fixed_window(kh, kw)), args, n_img * channels, x.size)
     else:
         from kernels import _pooling_gpu
@@ -124,8 +118,8 @@ def ave_pool_backward(dtop, kernel, pad, stride, image_shape, dx=None):
     dx = xp.empty(tuple(image_shape), dtype=dtop.dtype) if dx is None else dx
     dtop = xp.ascontiguousarray(dtop)
     if xp is numpy:
-        args = (dtop.ctypes.data, dtop.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow, _at(dx, "dx", dtop.dtype),
-                dx.size)
+        args = (dtop.ctypes.data, dtop.size, height, width, kh, kw, ph, pw, sh, sw, oh, ow,
+                native.address(dx, dtop.dtype, "pooling: dx"), dx.size)
         run_split(native.load(_CPU, "ave_backward", dtop.dtype, *_fixed_window(kh, kw)), args, n_img * channels,
                   dx.size)
     else:

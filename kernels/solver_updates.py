@@ -16,9 +16,9 @@ def update(name, data, diff, scalars, l1, histories):
     each a T."""
     values = numpy.zeros(SCALARS, data.dtype)
     values[:len(scalars)] = scalars
-    arrays = (data, diff, *histories)
-    if any(a.dtype != data.dtype or a.size != data.size or not a.flags.c_contiguous for a in arrays):
-        raise ValueError(f"{name}: data, diff and histories must be C-contiguous runs of one size and dtype")
-    args = (data.ctypes.data, diff.ctypes.data, values.ctypes.data, SCALARS, int(l1), histories[0].ctypes.data,
-            histories[-1].ctypes.data, data.size)
+    if any(a.size != data.size for a in (diff, *histories)):
+        raise ValueError(f"{name}: data, diff and histories must be runs of one size")
+    data_at, diff_at, *history_at = (native.address(a, data.dtype, f"{name}: {what}")
+                                     for a, what in zip((data, diff, *histories), ("data", "diff", "h0", "h1")))
+    args = (data_at, diff_at, values.ctypes.data, SCALARS, int(l1), history_at[0], history_at[-1], data.size)
     run_split(native.load(_CPU, "update", name, data.dtype), args, data.size, data.size)

@@ -106,7 +106,8 @@ def bench(name, iterations, warmup, xp=numpy):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m perf.bench_train", description=__doc__.splitlines()[0])
     p.add_argument("--iterations", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (kernels load, or compile on a new host, then)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed iterations first (kernels load, or compile on a new host, then)")
     p.add_argument("--model", default="all", choices=["all"] + sorted(MODELS))
     p.add_argument("--gpu", type=int, default=None, help="run on this CUDA device (default: the CPU)")
     args = p.parse_args(argv)
@@ -117,7 +118,8 @@ def main(argv=None):
     from kernels._threads import num_threads
     threads = num_threads()
     where = (f"GPU {args.gpu}: {xp.cuda.runtime.getDeviceProperties(args.gpu)['name'].decode()}"
-             if xp is not numpy else f"CPU: {os.cpu_count()} cores, kernel threads {threads}, numpy {numpy.__version__}")
+             if xp is not numpy else
+             f"CPU: {os.cpu_count()} cores, kernel threads {threads}, numpy {numpy.__version__}")
     print(f"# scaffe training throughput, {where}, {args.iterations} iterations after {args.warmup} warm-up")
     print(f"{'# model':<16}{'batch':>6}{'fwd ms':>10}{'bwd ms':>10}{'fwd+bwd ms':>12}{'iter ms':>10}{'images/s':>10}")
     for name in names:

@@ -13,9 +13,9 @@ from numba.extending import intrinsic
 from kernels._views import matrix, view
 
 # kernels.native keys the compiled code by this file (and kernels/_views.py) alone: a constant or function
-# imported from another module would stay frozen in the cached code after that module changed. So the control block's slots and the
-# wait policy (protocol.py's, wait.py's) arrive at run time, in `description`, whose record type and the
-# block size are the factory's arguments; everything compiled in is defined here.
+# imported from another module would stay frozen in the cached code after that module changed. So the
+# control block's slots and the wait policy (protocol.py's, wait.py's) arrive at run time, in `description`,
+# whose record type and the block size are the factory's arguments; everything compiled in is defined here.
 
 
 @intrinsic
@@ -285,8 +285,8 @@ def loop(description_type, block):  # noqa: C901 (the body is run's)
                                               + (start - lo) * item)
                         cell = cells + (start - lo) * item
                         out = destination + start * item if reader else cell
-                        call_reduce(reduce, out, cell if to_cell else out, 1 if reader and to_cell else 0, sources_at, size,
-                                    stop - start, op, acc_at)
+                        call_reduce(reduce, out, cell if to_cell else out, 1 if reader and to_cell else 0, sources_at,
+                                    size, stop - start, op, acc_at)
                 reduced += 1
                 publish(flags, row, me, d.reduced, base | reduced)
             else:  # the other owners' results of the group, into my destination
@@ -295,7 +295,8 @@ def loop(description_type, block):  # noqa: C901 (the body is run's)
                     lo = starts[j] + drained * per_cell
                     hi = min(starts[j + 1], lo + per_cell)
                     if j != me and lo < hi:
-                        move(destination + lo * item, result_rings[j] + slot * stride + result_shift[j], (hi - lo) * item)
+                        move(destination + lo * item, result_rings[j] + slot * stride + result_shift[j],
+                             (hi - lo) * item)
                 drained += 1
                 publish(flags, row, me, d.drained, base | drained)
         if in_place[me] >= 0:  # peers read my send buffer in place: it is mine again once they are done
