@@ -34,12 +34,13 @@ import llvmlite.binding as llvm
 import numpy
 
 # numba's runtime function that its reference counting names, reached only when an owned array is freed.
-_NEVER_CALLED = """
+_NEVER_CALLED = "NRT_MemInfo_call_dtor"
+_ABORTS = f"""
 declare void @abort()
-define void @NRT_MemInfo_call_dtor(ptr %meminfo) {
+define void @{_NEVER_CALLED}(ptr %meminfo) {{
   call void @abort()
   unreachable
-}
+}}
 """
 VIEWS = "kernels._views"  # what every compiled module may use besides its own code: part of every key
 _CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "double": ctypes.c_double, "float": ctypes.c_float}
@@ -167,7 +168,7 @@ def _compile(module, factory, args):
 
 
 def _resolvable(name):
-    if name == "NRT_MemInfo_call_dtor":
+    if name == _NEVER_CALLED:
         return True
     try:
         getattr(ctypes.CDLL(None), name)
@@ -202,7 +203,7 @@ def _link(record):
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
         _machine = llvm.Target.from_default_triple().create_target_machine(codemodel="jitdefault")
-    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_NEVER_CALLED), _machine)
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(_ABORTS), _machine)
     engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
     engine.finalize_object()
     return engine, symbol, llvm_types
