@@ -29,6 +29,7 @@ NAMES = tuple(_OPS)  # an op's index here is its code where a number must stand 
 COMPILED_OPS = ("sum", "prod", "min", "max")
 # Bytes per element numba computes on, by kind: not float16, nor the long double types.
 _NUMBA_ITEMSIZES = {"i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (4, 8), "c": (8, 16)}
+COMPILED_DTYPES = tuple(numpy.dtype(f"{kind}{size}") for kind, sizes in _NUMBA_ITEMSIZES.items() for size in sizes)
 # Native MPI has no portable half-precision type (Open MPI lacks one), so float16 never goes native.
 _NEVER_NATIVE = {numpy.dtype(numpy.float16)}
 

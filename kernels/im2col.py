@@ -90,3 +90,8 @@ def col2im(col, image_shape, kernel, pad=0, stride=1, dilation=1, out=None):
         from kernels import _im2col_gpu
         _im2col_gpu.col2im(xp.ascontiguousarray(col), kh, kw, ph, pw, sh, sw, dh, dw, oh, ow, out)
     return out
+
+
+def native_calls():
+    """What `python -m kernels.native` compiles ahead."""
+    return [(_CPU, factory, (dtype,)) for factory in ("im2col_rows", "col2im_planes") for dtype in native.FLOATS]

@@ -27,6 +27,7 @@ import pickle
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import llvmlite
@@ -45,6 +46,10 @@ define void @{_NEVER_CALLED}(ptr %meminfo) {{
 VIEWS = "kernels._views"  # what every compiled module may use besides its own code: part of every key
 _CTYPES = {"i64": ctypes.c_int64, "i32": ctypes.c_int32, "double": ctypes.c_double, "float": ctypes.c_float}
 _OK = (0, -2)  # numba's status codes for a normal return (a value, or None)
+# The modules whose `native_calls()` name what `python -m kernels.native` compiles ahead, and the float dtypes
+# they name (those Caffe's nets train in).
+AHEAD = ("collectives.intranode.compiled", "kernels.im2col", "kernels.pooling", "kernels.solver_updates")
+FLOATS = (numpy.dtype("float32"), numpy.dtype("float64"))
 
 _loaded = {}  # (module, factory, args) -> Entry
 _lock = threading.Lock()
@@ -88,12 +93,33 @@ def load(module, factory, *args):
         with _lock:
             entry = _loaded.get(call)
             if entry is None:
-                sources = [hashlib.sha256(Path(importlib.util.find_spec(name).origin).read_bytes()).hexdigest()
-                           for name in (module, VIEWS)]
-                key = hashlib.sha256(repr((sources, call, _versions(), _cpu())).encode()).hexdigest()
                 name = f"{factory}({', '.join(str(getattr(a, 'name', a)) for a in args)})"
-                entry = _loaded[call] = Entry(name, *_link(_cached(key, lambda: _compile(module, factory, args))))
+                entry = _loaded[call] = Entry(name, *_link(_cached(_key(call), lambda: _compile(*call))))
     return entry
+
+
+def compile_ahead(calls):
+    """Compiles into the cache those of `calls` ((module, factory, args) as `load` takes them) that it lacks,
+    and returns them. It takes no lock: a process that needs one of them meanwhile compiles it itself rather
+    than wait for this one, which may run at a low priority."""
+    compiled, folder = [], _folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    for call in calls:
+        path = folder / _key(call)
+        if _read(path) is None:
+            record = _compile(*call)
+            if _read(path) is None:
+                _write(path, record)
+            compiled.append(call)
+    return compiled
+
+
+def _key(call):
+    """What names a call's machine code in the cache: the source of its module and of kernels._views, the
+    call itself, numba's and llvmlite's versions, and the CPU."""
+    sources = [hashlib.sha256(Path(importlib.util.find_spec(name).origin).read_bytes()).hexdigest()
+               for name in (call[0], VIEWS)]
+    return hashlib.sha256(repr((sources, call, _versions(), _cpu())).encode()).hexdigest()
 
 
 def _versions():
@@ -114,7 +140,7 @@ def _folder():
 
 def _cached(key, compile_):
     """The compiled record of `key`: read from the cache, or compiled by the first process of the host that
-    needs it, under a lock, while the others wait and then read what it wrote."""
+    needs it, under the key's lock, while the others that need it wait and then read what it wrote."""
     folder = _folder()
     path = folder / key
     record = _read(path)
@@ -126,17 +152,24 @@ def _cached(key, compile_):
     except OSError:  # no cache to share (read-only): each process compiles for itself
         return compile_()
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when its holder dies
+        # One byte of the lock file per key, so processes compiling different code do not wait for each
+        # other; released when the file closes, or when its holder dies.
+        fcntl.lockf(lock, fcntl.LOCK_EX, 1, int(key[:15], 16))
         record = _read(path)
         if record is None:
             record = compile_()
-            try:
-                with tempfile.NamedTemporaryFile(dir=folder, prefix=".partial-", delete=False) as out:
-                    pickle.dump(record, out)
-                os.replace(out.name, path)
-            except OSError:  # a full disk: a later process compiles it again
-                pass
+            _write(path, record)
     return record
+
+
+def _write(path, record):
+    """Keeps `record` at `path`, whole or not at all."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".partial-", delete=False) as out:
+            pickle.dump(record, out)
+        os.replace(out.name, path)
+    except OSError:  # a full disk, a read-only cache: a later process compiles it again
+        pass
 
 
 def _read(path):
@@ -207,3 +240,17 @@ def _link(record):
     engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
     engine.finalize_object()
     return engine, symbol, llvm_types
+
+
+def main():
+    """`python -m kernels.native`: compiles ahead every CPU kernel the project loads, so that no job's first
+    calls on this host wait for numba (about a second each, a minute in all)."""
+    calls = [call for module in AHEAD for call in importlib.import_module(module).native_calls()]
+    start = time.perf_counter()
+    compiled = compile_ahead(calls)
+    print(f"kernels.native: {len(compiled)} of {len(calls)} kernels compiled in {time.perf_counter() - start:.1f} s "
+          f"into {_folder()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -126,3 +126,11 @@ def ave_pool_backward(dtop, kernel, pad, stride, image_shape, dx=None):
         from kernels import _pooling_gpu
         _pooling_gpu.ave_backward(dtop, kh, kw, ph, pw, sh, sw, dx)
     return dx
+
+
+def native_calls():
+    """What `python -m kernels.native` compiles ahead: every kernel and window, in float32 and float64."""
+    windows = (*SPECIALIZED_WINDOWS, (0, 0))
+    return [(_CPU, factory, (dtype, *window)) for dtype in native.FLOATS
+            for factory in ("max_forward", "ave_forward", "ave_backward") for window in windows] + [
+        (_CPU, "max_backward", (dtype,)) for dtype in native.FLOATS]

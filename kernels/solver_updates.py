@@ -22,3 +22,9 @@ def update(name, data, diff, scalars, l1, histories):
                                      for a, what in zip((data, diff, *histories), ("data", "diff", "h0", "h1")))
     args = (data_at, diff_at, values.ctypes.data, SCALARS, int(l1), history_at[0], history_at[-1], data.size)
     run_split(native.load(_CPU, "update", name, data.dtype), args, data.size, data.size)
+
+
+def native_calls():
+    """What `python -m kernels.native` compiles ahead: every step in float32 and float64."""
+    from kernels._solver_updates_cpu import STEPS  # numba's: only what compiles them needs it
+    return [(_CPU, "update", (name, dtype)) for name in STEPS for dtype in native.FLOATS]

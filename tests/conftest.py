@@ -7,6 +7,7 @@ imports it; child processes (the mpiexec workers) inherit it.
 The `cupy_stand_in` fixture puts the numpy-backed cupy of tests/stand_ins/cupy in place for one test.
 """
 import os
+import subprocess
 import sys
 
 import pytest
@@ -23,6 +24,23 @@ os.environ.setdefault("SCAFFE_CHOICE", "table")
 
 if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _has_cuda_device():
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+_ahead = []  # the process compiling the CPU kernels ahead, while the suite runs
+
+
+def pytest_sessionstart(session):
+    """On a host that has not compiled the CPU kernels yet (a fresh clone's CI), a process at the lowest
+    priority compiles them on whatever core the tests leave idle (kernels.native's `python -m`); a test
+    that needs one before it is there compiles it itself, as without it."""
+    _ahead.append(subprocess.Popen([sys.executable, "-m", "kernels.native"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for process in _ahead:
+        process.kill()
+        process.wait()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ import functools
 import numpy
 from mpi4py import MPI
 
-from collectives.ops import COMPILED_OPS
+from collectives.ops import COMPILED_DTYPES, COMPILED_OPS
 from collectives.intranode import protocol
 
 _OP_CODES = {name: code for code, name in enumerate(COMPILED_OPS)}
@@ -60,3 +60,8 @@ def _reducer(dtype):
     """The address of the compiled reduce of a block of `dtype` elements."""
     from kernels import native
     return native.load(_STEPS, "reducer", dtype).address
+
+
+def native_calls():
+    """What `python -m kernels.native` compiles ahead: the loop and the reduce of every dtype it computes."""
+    return [(_STEPS, "loop", (protocol.DESCRIPTION, BLOCK))] + [(_STEPS, "reducer", (dtype,)) for dtype in COMPILED_DTYPES]

@@ -1,5 +1,6 @@
 """kernels.native: numba compiles a function once per host; every process, the compiling one included, loads
 its machine code with llvmlite alone and calls it."""
+import importlib
 import os
 import subprocess
 import sys
@@ -118,3 +119,39 @@ def test_the_undefined_symbols_of_an_object_file_are_read_from_its_symbol_table(
     record = native._compile("collectives.intranode._steps", "loop", (protocol.DESCRIPTION, 2048))
     assert set(native._undefined(record[0])) <= {"memcpy", "sched_yield", "usleep", "NRT_MemInfo_call_dtor"}
     assert {"sched_yield", "usleep"} <= set(native._undefined(record[0]))
+
+
+def test_code_compiled_ahead_is_loaded_without_numba(tmp_path, monkeypatch):
+    """`python -m kernels.native` compiles kernels before any job needs them (compile_ahead): a process that
+    loads one finds it, and what is there already is not compiled again."""
+    env = _cached_env(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    call = ("tiny", "scaled", (3.0,))
+    assert native.compile_ahead([call]) == [call]
+    assert native.compile_ahead([call]) == []
+    loaded = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path)], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert loaded.stdout.split() == ["False"], loaded.stderr
+
+
+def test_what_is_compiled_ahead_is_what_the_kernels_load():
+    """The calls `native_calls()` name are those the kernels make (the cache's key is the call's repr)."""
+    from collectives.intranode import compiled
+    from kernels import im2col, pooling, solver_updates
+    ahead = {repr(call) for module in native.AHEAD for call in importlib.import_module(module).native_calls()}
+    for dtype in (numpy.float32, numpy.float64):
+        x = numpy.ones((1, 1, 6, 6), dtype)
+        for window in (2, 3, 5):
+            top, mask = pooling.max_pool_forward(x, window, 0, 1, (7 - window,) * 2)
+            pooling.max_pool_backward(top, mask, window, 0, 1, x.shape)
+            top = pooling.ave_pool_forward(x, window, 0, 1, (7 - window,) * 2)
+            pooling.ave_pool_backward(top, window, 0, 1, x.shape)
+        im2col.col2im(im2col.im2col(x, 3), x.shape, 3)
+        data = numpy.ones(4, dtype)
+        solver_updates.update("scaffe_sgd_update", data, data.copy(), (1, 1, 0, 0.1, 0.9), False, (data.copy(),))
+    for dtype in (numpy.int16, numpy.uint64, numpy.complex128, numpy.float32):
+        compiled._reducer(numpy.zeros(1, dtype).dtype)
+    compiled._loop()
+    loaded = {repr(call) for call in native._loaded if call[0] != "tiny"}
+    assert len(loaded) >= 31 and loaded <= ahead, loaded - ahead
