@@ -6,9 +6,11 @@ imports it; child processes (the mpiexec workers) inherit it.
 
 The `cupy_stand_in` fixture puts the numpy-backed cupy of tests/stand_ins/cupy in place for one test.
 """
+import compileall
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,9 +32,15 @@ _ahead = []  # the process compiling the CPU kernels ahead, while the suite runs
 
 
 def pytest_sessionstart(session):
-    """On a host that has not compiled the CPU kernels yet (a fresh clone's CI), a process at the lowest
-    priority compiles them on whatever core the tests leave idle (kernels.native's `python -m`); a test
-    that needs one before it is there compiles it itself, as without it."""
+    """The repository's Python files are byte-compiled once: the suite starts hundreds of Python processes,
+    and where PYTHONDONTWRITEBYTECODE is set (or a fresh clone) each would compile every module it imports
+    again (a tenth of a second each). On a host that has not compiled the CPU kernels yet (a fresh clone's
+    CI), a process at the lowest priority compiles them on whatever core the tests leave idle
+    (kernels.native's `python -m`); a test that needs one before it is there compiles it itself."""
+    repository = Path(__file__).resolve().parents[1]
+    for folder in repository.iterdir():
+        if folder.is_dir() and not folder.name.startswith("."):
+            compileall.compile_dir(folder, quiet=2)
     _ahead.append(subprocess.Popen([sys.executable, "-m", "kernels.native"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(19)))
 
