@@ -8,7 +8,7 @@ import pytest
 
 from collectives import stall_report
 from collectives.settings import non_negative_seconds
-from mpi_harness import launch, run_ok
+from mpi_harness import launch, require_ok, run_ok
 
 STALL_S = 3  # above the first large call's set-up on a loaded 2-core machine, so only the frozen rank trips it
 REPORT = re.compile(r"^scaffe: rank (\d+): (\w+ #\d+) \(([^)]*)\) has waited \d+ s \(SCAFFE_STALL_S=3\); (.*)$",
@@ -27,26 +27,29 @@ def test_every_collective_is_reported_to_events():
     run_ok(2, "events.py", timeout=60)
 
 
-# The jobs that a frozen or dead rank must end: name -> (ranks, stall.py's action and place, settings).
-ENDED = {**{place: (3, "stop", place, {"SCAFFE_STALL_S": STALL_S, "SCAFFE_RANKS_PER_NODE": per_node})
-            for place, (per_node, _) in FROZEN.items()},
-         "lost": (3, "stop", "small", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
-         "killed": (4, "kill", "large", {"SCAFFE_STALL_S": 60})}
+# The jobs that a frozen or dead rank must end, and two of ranks that are slow but answer, which must end
+# well: name -> (ranks, stall.py's action and place, settings).
+JOBS = {**{place: (3, "stop", place, {"SCAFFE_STALL_S": STALL_S, "SCAFFE_RANKS_PER_NODE": per_node})
+           for place, (per_node, _) in FROZEN.items()},
+        "lost": (3, "stop", "small", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
+        "killed": (4, "kill", "large", {"SCAFFE_STALL_S": 60}),
+        "answers late": (3, "5", "large", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
+        "inspector off": (3, "1", "small", {"SCAFFE_STALL_S": 0})}  # a limit of 0 s would trip at once
 
 
 @pytest.fixture(scope="module")
-def ended_jobs():
-    """Every job of ENDED, side by side: each spends most of its time waiting for a limit to pass."""
-    with ThreadPoolExecutor(len(ENDED)) as pool:
-        jobs = {name: pool.submit(launch, ranks, "stall.py", action, place, timeout=60, env=env)
-                for name, (ranks, action, place, env) in ENDED.items()}
-        return {name: job.result() for name, job in jobs.items()}
+def jobs():
+    """Every job of JOBS, side by side: each spends most of its time waiting for a limit or a slow rank."""
+    with ThreadPoolExecutor(len(JOBS)) as pool:
+        started = {name: pool.submit(launch, ranks, "stall.py", action, place, timeout=60, env=env)
+                   for name, (ranks, action, place, env) in JOBS.items()}
+        return {name: job.result() for name, job in started.items()}
 
 
 @pytest.mark.parametrize("place", FROZEN)
-def test_frozen_rank_ends_the_job_with_a_report(ended_jobs, place):
+def test_frozen_rank_ends_the_job_with_a_report(jobs, place):
     stuck = FROZEN[place][1]
-    job = ended_jobs[place]
+    job = jobs[place]
     assert not job.timed_out and job.returncode != 0, job.report()
     assert job.seconds < STALL_S + 30, job.report()
     reports = REPORT.findall(job.stderr)
@@ -60,21 +63,21 @@ LOST_REPORT = re.compile(r"^scaffe: rank [01]: \w+ #\d+ \([^)]*\) has waited \d+
                          r"for SCAFFE_LOST_S=2 s; (.*)$", re.MULTILINE)
 
 
-def test_a_rank_that_stops_answering_ends_the_job_long_before_the_stall_limit(ended_jobs):
-    job = ended_jobs["lost"]
+def test_a_rank_that_stops_answering_ends_the_job_long_before_the_stall_limit(jobs):
+    job = jobs["lost"]
     assert not job.timed_out and job.returncode != 0 and job.seconds < 25, job.report()
     reports = LOST_REPORT.findall(job.stderr)
     assert reports and all("no answer (frozen, dead or exited): rank 2" in rest for rest in reports), job.report()
     assert stall_report.silent_ranks(job.stderr) == {2}
 
 
-def test_a_rank_slower_than_the_lost_limit_that_answers_is_waited_for():
-    job = run_ok(3, "stall.py", "5", "large", timeout=60, env={"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2})
+def test_a_rank_slower_than_the_lost_limit_that_answers_is_waited_for(jobs):
+    job = require_ok(jobs["answers late"])
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
-def test_killed_rank_ends_the_job(ended_jobs):
-    job = ended_jobs["killed"]
+def test_killed_rank_ends_the_job(jobs):
+    job = jobs["killed"]
     assert not job.timed_out and job.returncode != 0, job.report()
     assert job.seconds < 30, job.report()
 
@@ -84,8 +87,8 @@ def test_slow_rank_within_the_limit_does_not_abort():
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
-def test_zero_turns_the_inspector_off():
-    job = run_ok(3, "stall.py", "1", "small", timeout=60, env={"SCAFFE_STALL_S": 0})  # a limit of 0 s would trip at once
+def test_zero_turns_the_inspector_off(jobs):
+    job = require_ok(jobs["inspector off"])
     assert "stall inspector running: False" in job.stdout, job.report()
 
 
