@@ -4,6 +4,7 @@ communicators' threads share a process's registration cache; failures reach ever
 that need no MPI job: the stand-in itself, the registration cache, slices and owners.
 """
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy
 import pytest
@@ -14,7 +15,7 @@ from kernels import _reduce_raw
 from kernels.cuda_sources import CudaSource
 from collectives.ops import supports
 from kernels.reduce import UFUNCS
-from mpi_harness import launch, run_ok
+from mpi_harness import launch, require_ok, run_ok
 from stand_ins import cpu_device
 
 ALL = ("--ops", "all", "--dtypes", "all")
@@ -211,8 +212,20 @@ def test_a_rank_that_fails_a_step_makes_every_rank_raise_at_once(step, stall_s):
     run_ok(2, "device_errors.py", "--mode", step, env={"SCAFFE_STALL_S": stall_s}, timeout=60)
 
 
-def test_ranks_that_gave_up_on_a_late_rank_get_their_buffers_back():
-    run_ok(3, "device_errors.py", "--mode", "late", env={"SCAFFE_STALL_S": 4}, timeout=60)
+# The two jobs that wait for half of SCAFFE_STALL_S to pass, side by side.
+WAITING = {"late": (3, "late"), "never joins": (2, "mixed")}
+
+
+@pytest.fixture(scope="module")
+def waiting_jobs():
+    with ThreadPoolExecutor(len(WAITING)) as pool:
+        started = {name: pool.submit(launch, ranks, "device_errors.py", "--mode", mode, env={"SCAFFE_STALL_S": 4},
+                                     timeout=60) for name, (ranks, mode) in WAITING.items()}
+        return {name: job.result() for name, job in started.items()}
+
+
+def test_ranks_that_gave_up_on_a_late_rank_get_their_buffers_back(waiting_jobs):
+    require_ok(waiting_jobs["late"])
 
 
 def test_ranks_mixing_host_and_device_buffers_are_named_by_the_check():
@@ -224,8 +237,8 @@ def test_ranks_mixing_host_and_staged_device_buffers_pass_the_check():
            timeout=60)
 
 
-def test_a_rank_that_never_joins_ends_the_wait_with_an_error():
-    job = launch(2, "device_errors.py", "--mode", "mixed", env={"SCAFFE_STALL_S": 4}, timeout=60)
+def test_a_rank_that_never_joins_ends_the_wait_with_an_error(waiting_jobs):
+    job = waiting_jobs["never joins"]
     assert not job.timed_out and job.returncode != 0, job.report()
     assert "did not join" in job.stderr and "SCAFFE_DEVICE_PATH=staged" in job.stderr, job.report()
 
