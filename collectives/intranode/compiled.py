@@ -33,13 +33,19 @@ def scratch(local_size):
 def run(windows, src, dst, op, target, base, mode):
     """One rank's part of a node call (`interpreted.run`'s arguments), once it has published COPIED = base."""
     item = src.itemsize
-    starts = protocol.starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)
+    description, inputs, results, alloc_bases, alloc_windows, scratch_at = windows.loop_tables
     hands_out, ready = protocol.MODES[mode]
-    _loop()(address(windows.description), address(windows.input_ring_addresses),
-            address(windows.result_ring_addresses), address(windows.alloc_bases), windows.alloc_bases.shape[0],
-            address(starts), address(windows.scratch), address(src), 0 if dst is None else address(dst), item,
-            target, max(1, windows.compiled_chunk_bytes // item), base, _OP_CODES[op], hands_out, ready,
-            _reducer(src.dtype))
+    _loop()(description, inputs, results, alloc_bases, alloc_windows,
+            _starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)[1], scratch_at,
+            address(src), 0 if dst is None else address(dst), item, target,
+            max(1, windows.compiled_chunk_bytes // item), base, _OP_CODES[op], hands_out, ready, _reducer(src.dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _starts(n, size, item, owner):
+    """protocol.starts' array and its address: kept together, so the address stays the array's."""
+    starts = protocol.starts(n, size, item, owner)
+    return starts, address(starts)
 
 
 def address(array):

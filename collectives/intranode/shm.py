@@ -64,7 +64,15 @@ class SharedWindows(CounterBlock):
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         self.alloc_bases = numpy.zeros((0, self.local_size), dtype=numpy.int64)  # [window, rank]: its address
+        self._keep_loop_tables()
         node_comm.Barrier()
+
+    def _keep_loop_tables(self):
+        # The addresses of what the compiled loop reads besides the call's buffers, in its arguments' order
+        # (compiled.run): they change only with `alloc`, and each costs a call to find.
+        self.loop_tables = (address(self.description), address(self.input_ring_addresses),
+                            address(self.result_ring_addresses), address(self.alloc_bases),
+                            self.alloc_bases.shape[0], address(self.scratch))
 
     # -- memory -------------------------------------------------------------------------------------
     def alloc(self, shape, dtype):
@@ -77,6 +85,7 @@ class SharedWindows(CounterBlock):
         self._alloc_wins.append((win, segments))
         bases = [[address(seg) for seg in segs] for _, segs in self._alloc_wins]
         self.alloc_bases = numpy.array(bases, dtype=numpy.int64)
+        self._keep_loop_tables()
         return segments[self.local_rank][:nbytes].view(dtype).reshape(shape)
 
     def locate(self, array):
