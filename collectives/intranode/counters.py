@@ -22,7 +22,8 @@ class CounterBlock:
 
     `rows` views them as `row`; word w of local rank k's row is `words[k * row_words + w]` (a memoryview:
     plain Python ints, at half the cost of numpy scalar indexing and comparison) and `columns[w][k]` (live
-    numpy views, for a wait on every rank that makes no Python calls per check)."""
+    memoryviews, for a wait on every rank that makes no Python calls per check: `min` over one costs a seventh
+    of a numpy view's `min()`)."""
 
     def __init__(self, node_comm, row):
         row = numpy.dtype(row)
@@ -38,8 +39,8 @@ class CounterBlock:
         self.address = MPI.buffer(memory).address
         self.rows = numpy.frombuffer(memory, dtype=row, count=self.local_size)
         table = numpy.frombuffer(memory, dtype=numpy.int64, count=self.row_words * self.local_size)
-        self.columns = table.reshape(self.local_size, self.row_words).T
         self.words = memoryview(memory).cast("B").cast("q")[:self.row_words * self.local_size]
+        self.columns = [self.words[word::self.row_words] for word in range(self.row_words)]
         self._mine = self.row_words * self.local_rank
         table[self._mine:self._mine + self.row_words] = 0
         self.fence = self._counter_win.Sync  # bound once: the per-call path calls MPI directly

@@ -33,16 +33,16 @@ def wait_until(ready, limit_s=None):
 
 
 def wait_for_column(column, target, limit_s, failed):
-    """Block until every entry of `column` (a numpy view of the ranks' counters) reaches `target` and return
-    True; return False as soon as an entry of `failed` (the ranks' counters of calls they left with an
-    error; None: no rank can fail) reaches it, or after `limit_s` seconds (None: never). The loop makes no Python calls of its own:
-    the device path's count of them per call stays what its own code makes."""
-    if column.min() >= target:
+    """Block until every entry of `column` (a live memoryview of the ranks' counters) reaches `target` and
+    return True; return False as soon as an entry of `failed` (the ranks' counters of calls they left with an
+    error; None: no rank can fail) reaches it, or after `limit_s` seconds (None: never). The loop makes no
+    Python calls of its own: the device path's count of them per call stays what its own code makes."""
+    if min(column) >= target:
         return True
     deadline = None if limit_s is None else time.monotonic() + limit_s
     checks = 0
-    while column.min() < target:
-        if failed is not None and failed.max() >= target:
+    while min(column) < target:
+        if failed is not None and max(failed) >= target:
             return False
         checks += 1
         if checks < YIELDS:
