@@ -157,8 +157,8 @@ def _choose(comm, call):
     """The algorithm for a validated call on host memory: the selection table's or SCAFFE_REDUCE_ALGO's,
     "native" for what only MPI computes, "tree" instead of native MPI for a dtype it cannot reduce.
     Every input is one all ranks share: the call's kind, size, op and dtype, the settings, the topology."""
-    if not call.computed:
-        return "native"
+    if not call.computed or comm.Get_size() == 1 and native_reduces(call.dtype):
+        return "native"  # on one rank there is nothing to combine: MPI's call is a copy, whatever is forced
     compiled = call.op_name is not None and comm.shm.compiled_applies(call.op_name, call.dtype)
     name = algorithms.select(call.kind, call.nbytes, comm.forced, comm.several_nodes, compiled)
     return "tree" if name == "native" and not native_reduces(call.dtype) else name

@@ -7,6 +7,8 @@ import numpy
 import pytest
 from mpi4py import MPI
 
+import collectives
+
 from collectives.plans import signature
 from mpi_harness import run_ok
 
@@ -33,3 +35,30 @@ def test_a_signature_sees_type_dtype_size_and_a_specs_items():
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_the_measured_choice_keeps_the_faster_road_on_every_rank(ranks):
     run_ok(ranks, "measured_choice.py", env={"SCAFFE_CHOICE": "measured", "SCAFFE_RANKS_PER_NODE": 2}, timeout=120)
+
+
+def test_one_rank_goes_to_mpi_whatever_algorithm_is_forced(monkeypatch):
+    """On a communicator of one rank there is nothing to combine: MPI's own call (a copy) serves every call on
+    a dtype MPI reduces, even with an algorithm forced, with the same results; float16, which MPI cannot
+    reduce, still takes ours."""
+    monkeypatch.setenv("SCAFFE_REDUCE_ALGO", "hierarchical")
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", "0")  # the hook is for MPI jobs, not the pytest process
+    comm = collectives.Comm(MPI.COMM_SELF.Dup())
+    try:
+        for dtype in (numpy.float32, numpy.int8, numpy.float16):
+            data = numpy.arange(5, dtype=dtype)
+            out = numpy.zeros_like(data)
+            comm.Reduce(data, out, MPI.SUM, 0)
+            assert out.tolist() == data.tolist()
+            out[:] = 0
+            comm.Ireduce(data, out, MPI.MAX, 0).Wait()
+            assert out.tolist() == data.tolist()
+            both = data.copy()
+            comm.Allreduce(MPI.IN_PLACE, both, MPI.PROD)
+            comm.Bcast(both, 0)
+            assert both.tolist() == data.tolist()
+        # Four calls of each of the three dtypes: the float16 ones alone run our algorithm.
+        made = sorted(type(plan).__name__ for lane in comm._lanes for plan in lane.plans.values())
+        assert made == ["AlgorithmPlan"] * 4 + ["NativePlan"] * 8, made
+    finally:
+        comm.Free()
