@@ -34,11 +34,12 @@ def run(windows, src, dst, op, target, base, mode):
     """One rank's part of a node call (`interpreted.run`'s arguments), once it has published COPIED = base."""
     item = src.itemsize
     description, inputs, results, alloc_bases, alloc_windows, scratch_at = windows.loop_tables
+    # `starts` is held while the loop runs: another thread's call may push it out of the caches meanwhile.
+    starts, starts_at = _starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)
     hands_out, ready = protocol.MODES[mode]
-    _loop()(description, inputs, results, alloc_bases, alloc_windows,
-            _starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)[1], scratch_at,
-            address(src), 0 if dst is None else address(dst), item, target,
-            max(1, windows.compiled_chunk_bytes // item), base, _OP_CODES[op], hands_out, ready, _reducer(src.dtype))
+    _loop()(description, inputs, results, alloc_bases, alloc_windows, starts_at, scratch_at, address(src),
+            0 if dst is None else address(dst), item, target, max(1, windows.compiled_chunk_bytes // item), base,
+            _OP_CODES[op], hands_out, ready, _reducer(src.dtype))
 
 
 @functools.lru_cache(maxsize=64)

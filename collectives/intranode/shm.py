@@ -64,12 +64,14 @@ class SharedWindows(CounterBlock):
         self.seq = 0
         self._alloc_wins = []  # (window, [segment uint8 array per local rank])
         self.alloc_bases = numpy.zeros((0, self.local_size), dtype=numpy.int64)  # [window, rank]: its address
+        self._tables = []  # every alloc_bases made: a node call on another thread may still read the one before
         self._keep_loop_tables()
         node_comm.Barrier()
 
     def _keep_loop_tables(self):
         # The addresses of what the compiled loop reads besides the call's buffers, in its arguments' order
         # (compiled.run): they change only with `alloc`, and each costs a call to find.
+        self._tables.append(self.alloc_bases)  # a few words each
         self.loop_tables = (address(self.description), address(self.input_ring_addresses),
                             address(self.result_ring_addresses), address(self.alloc_bases),
                             self.alloc_bases.shape[0], address(self.scratch))
