@@ -35,3 +35,9 @@ def test_owner_ranges_cover_the_vector_on_line_boundaries(size, item):
 def test_plain_buffers_take_the_compiled_loop(ranks, per_node, cell):
     env = {"SCAFFE_REDUCE_ALGO": "hierarchical", "SCAFFE_RANKS_PER_NODE": per_node, "SCAFFE_SHM_CHUNK_BYTES": cell}
     run_ok(ranks, "compiled_path.py", env=env, timeout=300)  # the first run compiles every dtype it uses
+
+
+def test_two_communicators_threads_keep_each_others_tables_alive():
+    """A loop's per-size tables stay alive while it runs, though another thread's calls push them out of the
+    caches (cut to one entry in the worker): before, the long calls' results came out wrong."""
+    run_ok(2, "host_threads.py", env={"SCAFFE_REDUCE_ALGO": "hierarchical"}, timeout=120)
