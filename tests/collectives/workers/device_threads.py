@@ -12,7 +12,6 @@ memory under a kernel reading it (the stand-in's own close keeps the memory whil
 """
 import argparse
 import sys
-import threading
 from pathlib import Path
 
 import numpy
@@ -70,17 +69,8 @@ def main():
     device = WatchfulDevice(gpu=rank, seed=rank, max_delay_s=2e-3)
     cpu_device.register(device)
     w = Worker()
-    w.check_true(MPI.Query_thread() == MPI.THREAD_MULTIPLE, "two threads calling MPI need MPI_THREAD_MULTIPLE")
     w.case("two communicators, a thread each, on buffers allocated for every call")
-    comms = [w.comm, w.comm.Dup()]
-    for comm in comms:
-        comm.describe()  # set up here: it is collective over the communicator
-    threads = [threading.Thread(target=calls, args=(w, comm, device, args.rounds, 1000 * index))
-               for index, comm in enumerate(comms)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    comms = w.each_on_its_communicator([(calls, (device, args.rounds, 0)), (calls, (device, args.rounds, 1000))])
     cache = peers.of(device)
     w.check_true(cache.closes > args.rounds // 4, f"only {cache.closes} mappings closed: nothing went stale")
     w.check_true(device.closes_checked == cache.closes, "a close bypassed the check")

@@ -9,7 +9,6 @@ cut to one entry, so the short calls push the long call's tables out of the cach
 """
 import argparse
 import functools
-import threading
 
 import numpy
 from mpi4py import MPI
@@ -35,19 +34,10 @@ def main():
     protocol.starts = functools.lru_cache(maxsize=1)(protocol.starts.__wrapped__)
     compiled._starts = functools.lru_cache(maxsize=1)(compiled._starts.__wrapped__)
     w = Worker()
-    w.check_true(MPI.Query_thread() == MPI.THREAD_MULTIPLE, "two threads calling MPI need MPI_THREAD_MULTIPLE")
     w.case("two communicators, a thread each, on sizes the other does not use")
-    comms = [w.comm, w.comm.Dup()]
-    for comm in comms:
-        comm.describe()  # set up here: it is collective over the communicator
     long_sizes = [(1 << 20) + k for k in range(args.rounds)]
     short_sizes = [1 + k % 200 for k in range(100 * args.rounds)]  # a new size at nearly every call
-    threads = [threading.Thread(target=calls, args=(w, comm, sizes, seed))
-               for comm, sizes, seed in ((comms[0], long_sizes, 0), (comms[1], short_sizes, 1000))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    comms = w.each_on_its_communicator([(calls, (long_sizes, 0)), (calls, (short_sizes, 1000))])
     w.check_true(min(c.shm.compiled_calls for c in comms) >= args.rounds, "calls did not take the compiled loop")
     comms[1].Free()
     w.done("host-threads")

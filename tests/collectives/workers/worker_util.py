@@ -243,6 +243,22 @@ class Worker:
         self.check_true(comm.forced == (os.environ.get("SCAFFE_REDUCE_ALGO") or None), f"algorithm {comm.forced}")
         return comm
 
+    def each_on_its_communicator(self, work):
+        """Runs each (function, arguments) of `work` (two of them) on a thread of its own, the first with this
+        worker's communicator and the second with a Dup of it, both set up first, as the S-Caffe schedule's
+        two communicators are used from their progress threads; returns the two communicators."""
+        self.check_true(MPI.Query_thread() == MPI.THREAD_MULTIPLE, "two threads calling MPI need MPI_THREAD_MULTIPLE")
+        comms = [self.comm, self.comm.Dup()]
+        for comm in comms:
+            comm.describe()  # set up here: it is collective over the communicator
+        threads = [threading.Thread(target=function, args=(self, comm, *arguments))
+                   for comm, (function, arguments) in zip(comms, work)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return comms
+
     def done(self, name):
         """Every rank got here: rank 0 prints the line the harness looks for."""
         self.current = "final barrier"
