@@ -34,19 +34,12 @@ def run(windows, src, dst, op, target, base, mode):
     """One rank's part of a node call (`interpreted.run`'s arguments), once it has published COPIED = base."""
     item = src.itemsize
     description, inputs, results, alloc_bases, alloc_windows, scratch_at = windows.loop_tables
-    # `starts` is held while the loop runs: another thread's call may push it out of the caches meanwhile.
-    starts, starts_at = _starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)
+    # `starts` is held while the loop runs: another thread's call may push it out of protocol.starts' cache.
+    starts = protocol.starts(src.shape[0], windows.local_size, item, target if mode == "gather" else -1)
     hands_out, ready = protocol.MODES[mode]
-    _loop()(description, inputs, results, alloc_bases, alloc_windows, starts_at, scratch_at, address(src),
+    _loop()(description, inputs, results, alloc_bases, alloc_windows, address(starts), scratch_at, address(src),
             0 if dst is None else address(dst), item, target, max(1, windows.compiled_chunk_bytes // item), base,
             _OP_CODES[op], hands_out, ready, _reducer(src.dtype))
-
-
-@functools.lru_cache(maxsize=64)
-def _starts(n, size, item, owner):
-    """protocol.starts' array and its address: kept together, so the address stays the array's."""
-    starts = protocol.starts(n, size, item, owner)
-    return starts, address(starts)
 
 
 def address(array):
@@ -71,4 +64,5 @@ def _reducer(dtype):
 
 def native_calls():
     """What `python -m kernels.native` compiles ahead: the loop and the reduce of every dtype it computes."""
-    return [(_STEPS, "loop", (protocol.DESCRIPTION, BLOCK))] + [(_STEPS, "reducer", (dtype,)) for dtype in COMPILED_DTYPES]
+    return [(_STEPS, "loop", (protocol.DESCRIPTION, BLOCK))] + [(_STEPS, "reducer", (dtype,))
+                                                                 for dtype in COMPILED_DTYPES]

@@ -38,6 +38,6 @@ def test_plain_buffers_take_the_compiled_loop(ranks, per_node, cell):
 
 
 def test_two_communicators_threads_keep_each_others_tables_alive():
-    """A loop's per-size tables stay alive while it runs, though another thread's calls push them out of the
-    caches (cut to one entry in the worker): before, the long calls' results came out wrong."""
+    """A loop's per-size table stays alive while it runs, though another thread's calls push it out of the
+    cache (cut to one entry in the worker): before, the long calls' results came out wrong."""
     run_ok(2, "host_threads.py", env={"SCAFFE_REDUCE_ALGO": "hierarchical"}, timeout=120)

@@ -3,9 +3,9 @@ from their progress threads, on host buffers through the compiled node loop.
 
     SCAFFE_REDUCE_ALGO=hierarchical mpiexec -n 2 python host_threads.py [--rounds 12]
 
-One thread reduces long vectors while the other reduces short ones, with the loop's caches of per-size tables
-cut to one entry, so the short calls push the long call's tables out of the caches while its loop reads them
-(where nothing else held them, their memory was reused under the loop). Results are checked exactly.
+One thread reduces long vectors while the other reduces short ones, with the loop's cache of per-size tables
+cut to one entry, so the short calls push the long call's table out of the cache while its loop reads it
+(where nothing else held it, its memory was reused under the loop). Results are checked exactly.
 """
 import argparse
 import functools
@@ -13,7 +13,7 @@ import functools
 import numpy
 from mpi4py import MPI
 
-from collectives.intranode import compiled, protocol
+from collectives.intranode import protocol
 from worker_util import Worker, contribution, expected_reduction
 
 
@@ -30,9 +30,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
-    # Caches of one entry: every call of the other thread pushes a call's tables out while its loop runs.
+    # A cache of one entry: every call of the other thread pushes a call's table out while its loop runs.
     protocol.starts = functools.lru_cache(maxsize=1)(protocol.starts.__wrapped__)
-    compiled._starts = functools.lru_cache(maxsize=1)(compiled._starts.__wrapped__)
     w = Worker()
     w.case("two communicators, a thread each, on sizes the other does not use")
     long_sizes = [(1 << 20) + k for k in range(args.rounds)]
