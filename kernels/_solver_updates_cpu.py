@@ -121,6 +121,7 @@ def _adam(data, diff, s, l1, h0, h1, first, last):
 STEPS = {"scaffe_sgd_update": _sgd, "scaffe_nesterov_update": _nesterov, "scaffe_adagrad_update": _adagrad,
          "scaffe_rmsprop_update": _rmsprop, "scaffe_adadelta_update": _adadelta, "scaffe_adam_update": _adam}
 
+
 def update(name, dtype):
     """The update step `name` on elements [first, last) of `count` elements of `dtype`."""
     like, step = numpy.empty(0, dtype), STEPS[name]

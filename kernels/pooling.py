@@ -7,10 +7,11 @@ the *padded* image (padded cells count as zeros), then sums over the window clip
 
 CPU kernels (kernels/_pooling_cpu.py) are compiled by numba once and loaded without it (kernels.native),
 and split over threads by (image, channel) planes, so that backward's scatter never races. 2x2 and 3x3
-windows (LeNet, cifar10, AlexNet, GoogLeNet) get kernels with the window size compiled in: windows that lie inside the image then run fully unrolled, about 3x
-faster than loops with run-time bounds. Arrays are indexed with unsigned integers, which spares
-numba's negative-index wraparound check in the inner loops (see _im2col_cpu.py). The GPU twins in
-kernels/_pooling_gpu.py take cupy arrays and have the same signatures.
+windows (LeNet, cifar10, AlexNet, GoogLeNet) get kernels with the window size compiled in: windows that
+lie inside the image then run fully unrolled, about 3x faster than loops with run-time bounds. Arrays are
+indexed with unsigned integers, which spares numba's negative-index wraparound check in the inner loops
+(see _im2col_cpu.py). The GPU twins in kernels/_pooling_gpu.py take cupy arrays and have the same
+signatures.
 """
 import numpy
 

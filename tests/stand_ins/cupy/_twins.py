@@ -4,7 +4,8 @@ Each twin is a line-by-line translation of its kernel's CUDA body, vectorised ov
 same index arithmetic, same summation order, arithmetic kept in the kernel's type T (a C `T / int` is a
 T division); the index arithmetic of im2col and col2im is kept per geometry, as a training loop repeats it.
 Raw arrays are read flat in C order, as cupy's raw indexing reads them; outputs are written
-at their C-order flat index `i` (the kernel runs in blocks of `i`). The CUDA sources themselves are checked by the NVRTC compile tests, not here.
+at their C-order flat index `i` (the kernel runs in blocks of `i`). The CUDA sources themselves are checked by
+the NVRTC compile tests, not here.
 """
 import functools
 
