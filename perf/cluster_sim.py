@@ -28,6 +28,11 @@ Allreduce, the native schedule's, still spins.
     python -m perf.cluster_sim --net googlenet --batch 32 --gpu h100 --hosts 1,2,4 --per-host 8 \
         --link 100gbit,25gbit --schedules scaffe,allreduce,native [--dilation auto] [--plot out.png]
     python -m perf.cluster_sim --results run1.txt run2.txt --plot out.png   # earlier runs' RESULT lines, drawn
+    python -m perf.cluster_sim --net googlenet --gpu k80 --hosts 10 --per-host 16 --link 56gbit \
+        --schedules scaffe --launcher mpirun_rsh   # the paper's run, launched as `mpirun_rsh -np 160 -hostfile F`
+
+`--launcher mpirun_rsh` starts each run with jobs/mpirun_rsh.sh and mpirun_rsh's own arguments (-np N, -hostfile
+F, the settings as VAR=VALUE) in place of the bed's `run`; both reach the hosts through hydra.
 
 Needs root (jobs/cluster.sh). --profile LOG takes a `caffe time` log in place of --gpu's model.
 """
@@ -43,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "jobs" / "cluster.sh"
 BED = "csim"
+STATE = Path("/run/scaffe-bed") / BED  # jobs/cluster.sh's files for the bed: its hosts, its launcher
 BUSY_TARGET = 0.2
 MODELLED = re.compile(r"Modelled: ([0-9.]+) ms per iteration .* one rank's compute ([0-9.]+) ms, gradients (\d+) "
                       r"bytes, cpu_busy ([0-9.]+), dilation ([0-9.e+]+), largest rank's memory ([0-9.]+) MB, "
@@ -87,19 +93,39 @@ def cluster(*args, timeout=600):
     return done
 
 
-def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation, iterations, scale):
+def launch(launcher, hosts_file, per_host, settings, command):
+    """The command line that starts `command` on `per_host` ranks of every bed host listed in `hosts_file`
+    (jobs/cluster.sh's, "ADDRESS NAMESPACE" lines), `settings` given to every rank, and the environment
+    it needs: the bed's own `run`, or jobs/mpirun_rsh.sh with mpirun_rsh's arguments (-np, -hostfile,
+    VAR=VALUE), as the paper's users launch, its hydra sent through the bed's launcher."""
+    env = dict(os.environ, SCAFFE_BED=BED)
+    if launcher == "bed":
+        env.update(settings)
+        return ["bash", str(CLUSTER), "run", "-n", str(per_host), *command], env
+    addresses = [line.split()[0] for line in Path(hosts_file).read_text().splitlines()]
+    hostfile = Path(hosts_file).with_name("mpirun_rsh_hosts")
+    hostfile.write_text("".join(f"{address}:{per_host}\n" for address in addresses))
+    env.update(HYDRA_LAUNCHER="ssh", HYDRA_LAUNCHER_EXEC=str(Path(hosts_file).with_name("launch")),
+               HYDRA_IFACE=f"{BED}br", UCX_TLS=env.get("UCX_TLS", "self,tcp"))
+    return ["bash", str(ROOT / "jobs" / "mpirun_rsh.sh"), "-np", str(len(addresses) * per_host), "-hostfile",
+            str(hostfile), *(f"{name}={value}" for name, value in settings.items()), *command], env
+
+
+def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation, iterations, scale,
+                 launcher="bed"):
     """One run on a bed of `hosts` hosts whose links carry rate_bits / dilation: the `Modelled:` numbers."""
     shaped = max(1, int(rate_bits / dilation / 1000))
     cluster("up", hosts, "--rate", f"{shaped}kbit")
     try:
-        env = dict(os.environ, SCAFFE_TIME_DILATION=str(dilation), SCAFFE_COMPUTE_SCALE=str(scale),
-                   OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1", SCAFFE_BED=BED)
-        # Waiting ranks leave the cores to the others and the TCP stack, napping up to 20 us undilated.
-        env.setdefault("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}")
-        done = subprocess.run(["bash", str(CLUSTER), "run", "-n", str(per_host), sys.executable, "-m", "scaffe",
-                               "train", f"--solver={solver}", f"--compute-profile={profile}",
-                               f"--iterations={iterations}", f"--schedule={schedule}"],
-                              capture_output=True, text=True, env=env, timeout=3600)
+        settings = dict(SCAFFE_TIME_DILATION=str(dilation), SCAFFE_COMPUTE_SCALE=str(scale),
+                        OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
+                        # Waiting ranks leave the cores to the others and the TCP stack, napping up to 20 us
+                        # undilated.
+                        SCAFFE_WAIT=os.environ.get("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}"))
+        command, env = launch(launcher, STATE / "hosts", per_host, settings, [
+            sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
+            f"--iterations={iterations}", f"--schedule={schedule}"])
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600 * 3)
     finally:
         cluster("down")
     match = MODELLED.search(done.stdout + done.stderr)
@@ -117,7 +143,7 @@ def pick_dilation(args, solver, hosts, per_host, rate_bits, schedule):
     while they last (a fraction of their own): busy(D) = floor + work / D, fitted to trials at D and 4 D."""
     low = args.trial_dilation
     busy = [modelled_run(solver, args.profile, hosts, per_host, rate_bits, schedule, d, args.trial_iterations,
-                         args.scale)[3] for d in (low, 4 * low)]
+                         args.scale, args.launcher)[3] for d in (low, 4 * low)]
     work = max(0.0, (busy[0] - busy[1]) / (1 / low - 1 / (4 * low)))
     floor = max(0.0, busy[1] - work / (4 * low))
     by_cpu = work / (BUSY_TARGET - floor) if floor < BUSY_TARGET else args.max_dilation
@@ -142,6 +168,8 @@ def main(argv=None):
     parser.add_argument("--trial-dilation", type=float, default=10.0, help="auto: trials at D and 4 D")
     parser.add_argument("--max-dilation", type=float, default=400.0)
     parser.add_argument("--bed-rate", default="1500mbit", help="what a bed link carries well (perf/link_rate.py)")
+    parser.add_argument("--launcher", default="bed", choices=("bed", "mpirun_rsh"),
+                        help="jobs/cluster.sh run, or jobs/mpirun_rsh.sh -np N -hostfile F VAR=VALUE ... (hydra)")
     parser.add_argument("--plot", default="", help="draw efficiency and x_bound against GPUs here (the plot extra)")
     parser.add_argument("--results", nargs="*", default=[],
                         help="files of earlier runs' RESULT lines: draw those (--plot) instead of running")
@@ -167,7 +195,7 @@ def main(argv=None):
                     for schedule in schedules:
                         iter_ms, compute_ms, grad_bytes, busy, rss_mb, total_mb = modelled_run(
                             solver, args.profile, hosts, per_host, rate_bits, schedule, dilation, args.iterations,
-                            args.scale)
+                            args.scale, args.launcher)
                         bound = bound_ms(schedule, compute_ms, grad_bytes, hosts, rate_bits / 8)
                         row = dict(net=args.net, gpu=Path(args.profile).name, hosts=hosts, per_host=per_host,
                                    link=link, schedule=schedule, iter_ms=f"{iter_ms:.2f}",

@@ -112,3 +112,18 @@ def test_cluster_sim_bounds_and_saved_results(tmp_path):
                      "iter_ms=13.28 x_bound=1.069 efficiency=0.935\n")
     (row,) = read_results(saved)
     assert (row["hosts"], row["per_host"], row["schedule"], row["efficiency"]) == (2, 8, "scaffe", "0.935")
+
+
+def test_cluster_sim_launches_as_mpirun_rsh(tmp_path):
+    """perf/cluster_sim.py --launcher mpirun_rsh: jobs/mpirun_rsh.sh with mpirun_rsh's own arguments (-np, a
+    hostfile of the bed's addresses with the ranks per host, settings as VAR=VALUE), hydra through the bed."""
+    from perf.cluster_sim import launch
+    hosts = tmp_path / "hosts"
+    hosts.write_text("10.1.2.1 csimh1\n10.1.2.2 csimh2\n")
+    command, env = launch("mpirun_rsh", hosts, 16, {"SCAFFE_TIME_DILATION": "1000"}, ["python", "-m", "scaffe"])
+    assert command[1].endswith("jobs/mpirun_rsh.sh") and command[2:4] == ["-np", "32"] and command[4] == "-hostfile"
+    assert command[6:] == ["SCAFFE_TIME_DILATION=1000", "python", "-m", "scaffe"]
+    assert Path(command[5]).read_text() == "10.1.2.1:16\n10.1.2.2:16\n"
+    assert env["HYDRA_LAUNCHER_EXEC"] == str(tmp_path / "launch") and env["HYDRA_LAUNCHER"] == "ssh"
+    bed, bed_env = launch("bed", hosts, 16, {"SCAFFE_TIME_DILATION": "1000"}, ["python"])
+    assert bed[2:] == ["run", "-n", "16", "python"] and bed_env["SCAFFE_TIME_DILATION"] == "1000"
