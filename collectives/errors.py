@@ -16,9 +16,36 @@ class MismatchError(CollectiveError):
     """Ranks called one collective with different counts, dtypes, ops or roots (found by SCAFFE_CHECK=1)."""
 
 
+# The MPI libraries' shared-memory segments of a node (MPICH's, Open MPI's), which MPI_Abort leaves in /dev/shm.
+MPI_SEGMENTS = ("/dev/shm/mpich_shm_", "/dev/shm/vader_segment")
+
+
+def shm_files_mapped(maps="/proc/self/maps"):
+    """The /dev/shm files a process maps (read from its /proc/PID/maps); none where that cannot be read."""
+    try:
+        with open(maps) as lines:
+            return {line.split(maxsplit=5)[-1].strip() for line in lines if "/dev/shm/" in line}
+    except OSError:  # no /proc, or the process has ended
+        return set()
+
+
+def mapped_mpi_segments():
+    """The MPI library's shared-memory files this process maps and that still have a name."""
+    return sorted(path for path in shm_files_mapped() if path.startswith(MPI_SEGMENTS) and
+                  not path.endswith(" (deleted)"))
+
+
 def abort_job(report, comm=None):
-    """Write `report` on stderr and abort the whole job (MPI_Abort on `comm`, COMM_WORLD by default)."""
+    """Write `report` on stderr and abort the whole job (MPI_Abort on `comm`, COMM_WORLD by default).
+
+    MPI_Abort leaves the node's MPI segments named in /dev/shm (4 MiB each for MPICH, kept until the host
+    restarts); the job is ending, so their names go first, and their memory once the last rank has died."""
     from mpi4py import MPI
+    for path in mapped_mpi_segments():
+        try:
+            os.unlink(path)
+        except OSError:  # another rank of the node removed it first
+            pass
     sys.stderr.flush()
     # One unbuffered write, then a moment for the launcher to forward it: Abort kills the
     # forwarding too, and without the pause the report was sometimes lost entirely.

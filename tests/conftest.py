@@ -10,6 +10,7 @@ import compileall
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ if "NUMBA_ENABLE_CUDASIM" not in os.environ and not _has_cuda_device():
 
 
 _ahead = []  # the process compiling the CPU kernels ahead, while the suite runs
+_started = []  # when the session started (time.time())
 
 
 def pytest_sessionstart(session):
@@ -37,6 +39,7 @@ def pytest_sessionstart(session):
     again (a tenth of a second each). On a host that has not compiled the CPU kernels yet (a fresh clone's
     CI), a process at the lowest priority compiles them on whatever core the tests leave idle
     (kernels.native's `python -m`); a test that needs one before it is there compiles it itself."""
+    _started.append(time.time())
     repository = Path(__file__).resolve().parents[1]
     for folder in repository.iterdir():
         if folder.is_dir() and not folder.name.startswith("."):
@@ -49,6 +52,28 @@ def pytest_sessionfinish(session, exitstatus):
     for process in _ahead:
         process.kill()
         process.wait()
+    _remove_mpi_segments_left(_started[0])
+
+
+def _remove_mpi_segments_left(since):
+    """The MPI library's node segments in /dev/shm made during the session that no process maps any more:
+    what the jobs the tests killed on purpose left (a rank's own abort removes them: collectives.errors)."""
+    from collectives.errors import MPI_SEGMENTS, shm_files_mapped
+    left = [path for path in Path("/dev/shm").glob("*") if str(path).startswith(MPI_SEGMENTS) and
+            _mtime(path) >= since]
+    if not left:
+        return
+    mapped = set().union(*(shm_files_mapped(maps) for maps in Path("/proc").glob("[0-9]*/maps")))
+    for path in left:
+        if str(path) not in mapped:
+            path.unlink(missing_ok=True)
+
+
+def _mtime(path):
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
 """The first `collectives.Comm` installs the abort hook: a program that never calls `install_abort_hook`
 still ends when one rank dies, its own hooks still run, and SCAFFE_ABORT_ON_ERROR=0 leaves the hooks alone."""
+import os
 import re
 import time
 
@@ -23,6 +24,8 @@ def test_uncaught_exception_ends_the_job(mode):
     assert ended - float(failing_at.group(1)) < ABORT_WITHIN_S, job.report()
     assert "the job went on" not in job.stderr, job.report()
     assert "[rank 1] uncaught exception, aborting the job" in job.stderr, job.report()
+    segments = re.search(r"SEGMENTS (.*)", job.stdout).group(1).split()
+    assert segments and not any(map(os.path.exists, segments)), job.report()  # MPI_Abort would leave them
     if mode == "own-hooks-main":
         assert "OWN SYS HOOK saw RuntimeError: deliberate failure on rank 1 (main thread)" in job.stderr, job.report()
     if mode == "own-hooks-thread":

@@ -7,7 +7,8 @@ own-hooks-main:   the program set sys.excepthook and threading.excepthook before
                   raises in its main thread: the program's hook runs, then the job ends.
 own-hooks-thread: the same, rank 1 raising in a thread of its own.
 opt-out:          run with SCAFFE_ABORT_ON_ERROR=0: making a Comm leaves both hooks as they were.
-Rank 1 prints "FAILING AT <time.time()>" just before it raises, so the test can time the abort itself.
+Rank 1 prints "FAILING AT <time.time()>" just before it raises, so the test can time the abort itself, and
+"SEGMENTS <path> ..." (the MPI library's shared-memory files it maps), which the abort must remove.
 """
 import sys
 import threading
@@ -17,6 +18,7 @@ import numpy
 from mpi4py import MPI
 
 import collectives
+from collectives.errors import mapped_mpi_segments
 
 
 def own_sys_hook(exc_type, exc, tb):
@@ -45,6 +47,7 @@ def main():
     send, recv = numpy.ones(1000), numpy.empty(1000)
     comm.Allreduce(send, recv)  # every rank alive and set up
     if rank == 1:
+        print(f"SEGMENTS {' '.join(mapped_mpi_segments())}", flush=True)
         print(f"FAILING AT {time.time():.3f}", flush=True)
         if mode == "own-hooks-thread":
             def fail():
