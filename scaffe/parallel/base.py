@@ -27,7 +27,7 @@ class Schedule(SolverCallback):
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
         if hasattr(self.net, "idle_hooks"):  # a modelled net (scaffe.modelled.net) computes as a wait
-            self.net.idle_hooks.append(self.progress)
+            self.net.idle_hooks.append(self._idle)
         solver.agreement = self
         self.agreed = frozenset()
         self.synced = False  # whether every rank holds the root's parameters
@@ -49,6 +49,12 @@ class Schedule(SolverCallback):
 
     def param_needed(self, layer_id):
         """Nothing to wait for unless the schedule moves parameters during forward."""
+
+    def _idle(self):
+        """While the device computes: the collectives queued for room start as it frees (a GPU's host thread
+        is in `wait_all` by then), and the schedule takes in what has arrived."""
+        self.windows.advance()
+        self.progress()
 
     def progress(self):
         """While the device computes (a modelled net's waits): take in what has arrived, without waiting."""

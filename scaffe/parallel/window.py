@@ -12,7 +12,9 @@ Every wait of a schedule goes through `Windows.wait`: while what it waits for is
 whatever has room on any communicator and blocks until the oldest collective of some communicator
 completes. A rank blocked on one communicator with a collective queued on another could otherwise wait
 for a rank that waits for that queued one. Completion within a communicator is in start order
-(collectives.progress runs each communicator's calls in turn), so the oldest is the one to watch.
+(collectives.progress runs each communicator's calls in turn), so the oldest is the one to watch. While a
+modelled device computes, its waits keep the windows moving too (`advance`): a queued collective left until
+the next layer's hook would leave the wire idle through that layer's compute.
 """
 import collections
 
@@ -90,16 +92,21 @@ class Windows:
             window = self._windows[id(comm)] = Window(self.limit)
         posted = Posted(lambda: self.order.start(work, after, label), window)
         window.queued.append(posted)
-        window.advance()
+        self.advance()
         return posted
+
+    def advance(self):
+        """Start, on every communicator, the queued collectives that have room now: called at each start and
+        wait, and while a modelled device computes, as a GPU's host thread waits in `wait` while it does."""
+        for window in self._windows.values():
+            window.advance()
 
     def wait(self, handles):
         """Until every request of `handles` (Posted, MPI requests or Started) has completed, keeping every
         window moving."""
         handles = [handle for handle in handles if handle is not None]
         while True:
-            for window in self._windows.values():
-                window.advance()
+            self.advance()
             if not any(window.queued for window in self._windows.values()):
                 break  # everything asked for has started: MPI's own Waitall suffices
             if all(_started(handle) and _request(handle).Test() for handle in handles):
