@@ -92,12 +92,12 @@ class Windows:
             window = self._windows[id(comm)] = Window(self.limit)
         posted = Posted(lambda: self.order.start(work, after, label), window)
         window.queued.append(posted)
-        self.advance()
+        window.advance()
         return posted
 
     def advance(self):
-        """Start, on every communicator, the queued collectives that have room now: called at each start and
-        wait, and while a modelled device computes, as a GPU's host thread waits in `wait` while it does."""
+        """Start, on every communicator, the queued collectives that have room now: called at each wait, and
+        while a modelled device computes, as a GPU's host thread waits in `wait` while it does."""
         for window in self._windows.values():
             window.advance()
 
