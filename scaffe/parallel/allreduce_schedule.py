@@ -12,7 +12,7 @@ those elements alone), so the update of the large layers overlaps the allreduce 
 instead of following the last one. The ranks look for arrived buckets after each layer's backward.
 
 Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budget of bytes is set for
-the backward (by default none is): only the pieces that fit in it, in backward order, go into buckets
+the backward (by default measured where a device computes, none on the CPU): only the pieces that fit in it, in backward order, go into buckets
 during backward; the others are packed when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
 updates each of those buckets during the next iteration's forward, before the forward of the lowest
 layer it holds, with the rate and iteration of the iteration whose gradients it holds. Rank 0's budget
@@ -62,7 +62,7 @@ class AllreduceSchedule(Schedule):
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
         # snapshot_diff (the snapshot would show their diff cleared).
-        self._budget = Budget(backward_bytes(), self._by_piece and not solver.param.snapshot_diff, self.order)
+        self._budget = Budget(backward_bytes(self.on_device), self._by_piece and not solver.param.snapshot_diff, self.order)
         self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
         self._sent = 0             # bytes of gradients packed during this backward
         self._buckets = []         # this backward's Buckets

@@ -1,5 +1,6 @@
 """What every distributed schedule shares: wiring into the solver and net hooks, shards, buffers,
 and the ranks' agreement on stop/snapshot requests."""
+import numpy
 
 from collectives import events
 from scaffe import timeline
@@ -26,8 +27,11 @@ class Schedule(SolverCallback):
         self.passes = 0
         solver.callbacks.append(self)
         self.net.add_hooks(on_param_needed=self.param_needed, on_grads_ready=self._layer_backward_done)
-        if hasattr(self.net, "idle_hooks"):  # a modelled net (scaffe.modelled.net) computes as a wait
+        modelled = hasattr(self.net, "idle_hooks")  # a modelled net (scaffe.modelled.net) computes as a wait
+        if modelled:
             self.net.idle_hooks.append(self._idle)
+        # Where a device computes (a GPU, or the model of one), the CPU is the collectives' alone.
+        self.on_device = modelled or self.xp is not numpy
         solver.agreement = self
         self.agreed = frozenset()
         self.synced = False  # whether every rank holds the root's parameters

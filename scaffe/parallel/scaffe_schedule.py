@@ -12,7 +12,7 @@ Per iteration:
   instead of following each other whole. The other ranks post the matching Ibcasts right after
   their Ireduces of layer i. The root looks for arrived sums after each layer's backward.
 - Held pieces (scaffe.parallel.deferral), where a budget of bytes is set for the backward (by default
-  none is): only the pieces that fit in it,
+  measured where a device computes, none on the CPU): only the pieces that fit in it,
   in backward order, start during backward; the others are copied aside (the next iteration clears
   the diffs) and their reduces start when backward is over, lowest layer first, so conv1's travel
   ahead of fc6's tail. The root updates each of them during the next iteration's forward, at the
@@ -78,7 +78,7 @@ class SCaffeSchedule(Schedule):
         # Held pieces finish after the iteration: not with clipping (every sum first) nor snapshot_diff
         # (the snapshot would show their diff cleared).
         holds = self._per_piece and not solver.param.snapshot_diff
-        self._budget = Budget(backward_bytes(), holds, self.order) if self.rank == self.root else None
+        self._budget = Budget(backward_bytes(self.on_device), holds, self.order) if self.rank == self.root else None
         self._bcasts = {}      # layer index -> requests, for the first forward only
         self._propagating = []  # (layers, request) of the parameter broadcasts to finish this iteration
         # The root's work, in reduce order: (piece, staging buffer or None, (rate, iteration) of the

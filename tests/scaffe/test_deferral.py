@@ -62,10 +62,14 @@ def test_a_set_budget_stays_and_clipping_holds_nothing(monkeypatch):
     assert Budget(None, holds=False).value == UNLIMITED
 
 
-def test_unset_holds_nothing_and_measured_asks_for_the_measurement(monkeypatch):
+def test_unset_measures_on_a_device_and_holds_nothing_on_the_cpu(monkeypatch):
     monkeypatch.delenv("SCAFFE_BACKWARD_BYTES", raising=False)
-    assert deferral.backward_bytes() == UNLIMITED and Budget(deferral.backward_bytes()).value == UNLIMITED
-    monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "Measured")
-    assert deferral.backward_bytes() is None
-    monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "145000000")
-    assert deferral.backward_bytes() == 145_000_000
+    assert deferral.backward_bytes(False) == UNLIMITED and Budget(deferral.backward_bytes(False)).value == UNLIMITED
+    assert deferral.backward_bytes(True) is None
+    for on_device in (False, True):
+        monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "Measured")
+        assert deferral.backward_bytes(on_device) is None
+        monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "none")
+        assert deferral.backward_bytes(on_device) == UNLIMITED
+        monkeypatch.setenv("SCAFFE_BACKWARD_BYTES", "145000000")
+        assert deferral.backward_bytes(on_device) == 145_000_000
