@@ -11,14 +11,14 @@ bucket's sum is in, every rank updates its pieces (sum / P, then the solver's pe
 those elements alone), so the update of the large layers overlaps the allreduce of the later buckets
 instead of following the last one. The ranks look for arrived buckets after each layer's backward.
 
-Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budget of bytes is set for
-the backward (by default measured where a device computes, none on the CPU): only the pieces that fit in it, in backward order, go into buckets
-during backward; the others are packed when backward is over, lowest layer first, so conv1's sum travels ahead of fc6's tail, and every rank
-updates each of those buckets during the next iteration's forward, before the forward of the lowest
-layer it holds, with the rate and iteration of the iteration whose gradients it holds. Rank 0's budget
-reaches the others in the last bucket (each rank adds 0), so all hold back the same pieces. Before
-anything reads the parameters between iterations (a test, a snapshot, the end of `Solver.step`) they
-all land: `on_parameters_read`.
+Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budget of bytes is set for the backward
+(by default measured where a device computes, none on the CPU): only the pieces that fit in it, in backward order,
+go into buckets during backward; the others are packed when backward is over, lowest layer first, so conv1's sum
+travels ahead of fc6's tail, and every rank updates each of those buckets during the next iteration's forward,
+before the forward of the lowest layer it holds, with the rate and iteration of the iteration whose gradients it
+holds. Rank 0's budget reaches the others in the last bucket (each rank adds 0), so all hold back the same pieces.
+Before anything reads the parameters between iterations (a test, a snapshot, the end of `Solver.step`) they all
+land: `on_parameters_read`.
 
 A solver that clips gradients (`clip_gradients`) needs their global norm: it then updates the whole
 model after the last bucket, as a single process does (said once in the log), and holds nothing back.
@@ -62,7 +62,8 @@ class AllreduceSchedule(Schedule):
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
         # snapshot_diff (the snapshot would show their diff cleared).
-        self._budget = Budget(backward_bytes(self.on_device), self._by_piece and not solver.param.snapshot_diff, self.order)
+        self._budget = Budget(backward_bytes(self.on_device), self._by_piece and not solver.param.snapshot_diff,
+                              self.order)
         self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
         self._sent = 0             # bytes of gradients packed during this backward
         self._buckets = []         # this backward's Buckets
