@@ -31,6 +31,11 @@ def napping():
     return _policy()[0] == "nap"
 
 
+def longest_nap_s():
+    """The longest nap SCAFFE_WAIT=nap[:MS] allows (None where waits spin)."""
+    return _policy()[1]
+
+
 def wait_all(requests):
     """Until every request of `requests` (MPI requests, REQUEST_NULL allowed) has completed."""
     pending = [request for request in requests if request]
@@ -62,7 +67,7 @@ def wait_any(requests):
 
 def _naps():
     """Each step gives the core away: YIELDS yields, then naps from NAP_S doubling to the longest allowed."""
-    longest = _policy()[1]
+    longest = longest_nap_s()
     for _ in range(YIELDS):
         yield os.sched_yield()
     nap = min(NAP_S, longest)

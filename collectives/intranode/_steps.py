@@ -77,9 +77,11 @@ def publish(flags, row, me, field, value):
 
 @njit(nogil=True)
 def wait(idle, d):
-    """One more failed check (the idle-th in a row): spin, then yield the core, then nap (wait.py)."""
-    if idle > d.spins + d.yields:
-        usleep(d.nap_us)
+    """One more failed check (the idle-th in a row): spin, then yield the core, then nap, each nap twice the
+    last up to the longest (wait.py)."""
+    naps = idle - d.spins - d.yields
+    if naps > 0:
+        usleep(min(d.nap_us << min(naps - 1, 20), d.longest_nap_us))
     elif idle > d.spins:
         sched_yield()
 

@@ -47,6 +47,7 @@ DESCRIPTION = numpy.dtype([
     ("local_rank", numpy.int64), ("local_size", numpy.int64),
     ("cell_stride", numpy.int64), ("depth", numpy.int64),
     ("spins", numpy.int64), ("yields", numpy.int64), ("nap_us", numpy.int64),  # wait.py's policy
+    ("longest_nap_us", numpy.int64),
 ])
 
 # What a node call does: (whether owners hand their results to other ranks through result cells, whether

@@ -5,14 +5,32 @@ On an oversubscribed node (more ranks than cores) a busy-wait steals the very co
 needs; sched_yield returns at once when no other process wants the core. Only compiled code spins: a
 check there costs nanoseconds, where an interpreted one costs about a microsecond and a spin of a few
 dozen of them measurably slowed a 4-rank call on 2 cores (perf/RESULTS.md).
-The compiled loop (`_steps.wait`) reads these numbers from SharedWindows.description.
+Naps are NAP_US; with SCAFFE_WAIT=nap (collectives.waiting: a host whose ranks leave the cores idle, as the
+modelled bed's) each is twice the last, up to the longest that setting allows: a peer that computes for
+seconds is then waited for with a few wake-ups, not tens of thousands. The compiled loop (`_steps.wait`)
+reads these numbers from SharedWindows.description.
 """
 import os
 import time
 
+from collectives import waiting
+
 COMPILED_SPINS = 64  # failed checks in compiled code before the first sched_yield: about a microsecond
 YIELDS = 2000  # failed checks that yield the core before the waits turn into naps
-NAP_US = 20
+NAP_US = 20  # the first nap
+
+
+def longest_nap_us():
+    """NAP_US, or with SCAFFE_WAIT=nap the longest nap it allows (each nap doubles up to it)."""
+    return max(NAP_US, int(waiting.longest_nap_s() * 1e6)) if waiting.napping() else NAP_US
+
+
+def _naps():
+    """The sleeps of a wait once its yields are spent: NAP_US, doubling up to longest_nap_us()."""
+    nap, longest = NAP_US * 1e-6, longest_nap_us() * 1e-6
+    while True:
+        yield nap
+        nap = min(2 * nap, longest)
 
 
 def wait_until(ready, limit_s=None):
@@ -25,10 +43,11 @@ def wait_until(ready, limit_s=None):
         if ready():
             return True
     deadline = None if limit_s is None else time.monotonic() + limit_s
+    naps = _naps()
     while not ready():
         if deadline is not None and time.monotonic() > deadline:
             return False
-        time.sleep(NAP_US * 1e-6)
+        time.sleep(next(naps))
     return True
 
 
@@ -41,6 +60,7 @@ def wait_for_column(column, target, limit_s, failed):
         return True
     deadline = None if limit_s is None else time.monotonic() + limit_s
     checks = 0
+    naps = None
     while min(column) < target:
         if failed is not None and max(failed) >= target:
             return False
@@ -50,5 +70,6 @@ def wait_for_column(column, target, limit_s, failed):
         else:
             if deadline is not None and time.monotonic() > deadline:
                 return False
-            time.sleep(NAP_US * 1e-6)
+            naps = naps or _naps()
+            time.sleep(next(naps))
     return True

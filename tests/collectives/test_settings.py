@@ -49,3 +49,18 @@ def test_errors_name_the_variable(monkeypatch, name, value, read, message):
     with pytest.raises(ValueError) as raised:
         read()
     assert str(raised.value) == message
+
+
+def test_node_waits_nap_longer_where_waits_nap(monkeypatch):
+    """The node protocol's waits (collectives.intranode.wait) nap NAP_US; under SCAFFE_WAIT=nap[:MS] each nap
+    is twice the last up to the longest it allows, so a peer that computes for long is waited for with a
+    few wake-ups (the modelled bed's 16 ranks were busy 0.64 of the CPU at any dilation, napping 20 us)."""
+    from collectives import waiting
+    from collectives.intranode import wait
+    monkeypatch.setattr(waiting, "_policy", lambda: ("nap", 0.001))
+    naps = wait._naps()
+    assert [round(next(naps) * 1e6) for _ in range(8)] == [20, 40, 80, 160, 320, 640, 1000, 1000]
+    assert wait.longest_nap_us() == 1000
+    monkeypatch.setattr(waiting, "_policy", lambda: ("spin", None))
+    naps = wait._naps()
+    assert wait.longest_nap_us() == wait.NAP_US and {round(next(naps) * 1e6) for _ in range(4)} == {wait.NAP_US}
