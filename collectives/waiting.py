@@ -65,12 +65,17 @@ def wait_any(requests):
         next(naps)
 
 
+def nap_lengths(first_s, longest_s):
+    """The seconds of each nap of a wait: `first_s`, then each twice the last, up to `longest_s`."""
+    nap = min(first_s, longest_s)
+    while True:
+        yield nap
+        nap = min(2 * nap, longest_s)
+
+
 def _naps():
     """Each step gives the core away: YIELDS yields, then naps from NAP_S doubling to the longest allowed."""
-    longest = longest_nap_s()
     for _ in range(YIELDS):
         yield os.sched_yield()
-    nap = min(NAP_S, longest)
-    while True:
+    for nap in nap_lengths(NAP_S, longest_nap_s()):
         yield time.sleep(nap)
-        nap = min(2 * nap, longest)

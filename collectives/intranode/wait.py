@@ -27,10 +27,7 @@ def longest_nap_us():
 
 def _naps():
     """The sleeps of a wait once its yields are spent: NAP_US, doubling up to longest_nap_us()."""
-    nap, longest = NAP_US * 1e-6, longest_nap_us() * 1e-6
-    while True:
-        yield nap
-        nap = min(2 * nap, longest)
+    return waiting.nap_lengths(NAP_US * 1e-6, longest_nap_us() * 1e-6)
 
 
 def wait_until(ready, limit_s=None):
