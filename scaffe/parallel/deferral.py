@@ -9,18 +9,18 @@ SCAFFE_BACKWARD_BYTES sets the budget: a number of bytes, `measured`, or `none` 
 measured where a device computes (a GPU, or the compute model of scaffe.modelled), and none on the CPU: there the
 collectives share the cores with the layers, the wire's rate measured during backward is the CPU's, and no budget
 made AlexNet's iteration faster on the bed (perf/RESULTS.md, "Held buckets for the allreduce schedule, and the
-budget's default"), while on the modelled bed the measured budget took it from 1.65x to 1.20x its bound ("Queued
-collectives started while the device computes"). Measured, rank 0 (the S-Caffe schedule's root) measures it each
-iteration from the collectives started during backward, seen as they arrive. If they had not all arrived when
-backward ended, the wire was the bottleneck: the budget is what the wire's rate carries in as long as the backward
-lasted from the first of them (the other ranks, whose backward may end later, have as long). If they had, the wire
-kept up: the budget grows by what that rate carries in the rest of the backward, and at least by the largest
-collective (nothing is held once it covers every gradient). Without a rate (fewer than two arrivals) it doubles, or
-is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The wire's rate
-is their bytes over the time the wire spent on each, from when it could begin (it had been started and the one
-before had arrived) to its arrival, the first left out. A measurement can only see the wire slower than it is (a gap
-it cannot tell from the wire's own time), so the rate used is the largest measured, less RATE_DECAY of it per
-iteration since (a link that became slower is believed within tens of iterations; perf/RESULTS.md gives how far
+budget's default"), while on the modelled bed, whose compute leaves the CPU idle as a GPU does, the measured budget
+made it faster ("Queued collectives started while the device computes"). Measured, rank 0 (the S-Caffe schedule's
+root) measures it each iteration from the collectives started during backward, seen as they arrive. If they had not
+all arrived when backward ended, the wire was the bottleneck: the budget is what the wire's rate carries in as long
+as the backward lasted from the first of them (the other ranks, whose backward may end later, have as long). If they
+had, the wire kept up: the budget grows by what that rate carries in the rest of the backward, and at least by the
+largest collective (nothing is held once it covers every gradient). Without a rate (fewer than two arrivals) it
+doubles, or is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The
+wire's rate is their bytes over the time the wire spent on each, from when it could begin (it had been started and
+the one before had arrived) to its arrival, the first left out. A measurement can only see the wire slower than it
+is (a gap it cannot tell from the wire's own time), so the rate used is the largest measured, less RATE_DECAY of it
+per iteration since (a link that became slower is believed within tens of iterations; perf/RESULTS.md gives how far
 single measurements of one link spread). On a GPU the host queues the backward ahead of the device: the backward is
 then timed by events on the compute stream, the latest whose events have completed (the host never waits for them).
 Rank 0's budget reaches the other ranks (with the stop/snapshot flags), so every rank holds back the same pieces and
