@@ -8,24 +8,26 @@ consecutive layers follow each other too, so a message of several small layers i
 nothing copied; without flat buffers (learnable blobs of mixed types), within one blob. The solver
 updates a piece by its `segments` (scaffe.solvers.sgd: `update_elements`).
 
-Why 4 MiB: a piece's wire time is what the pipeline adds after the last gradient (one piece up, its
-update, the same piece down): 16 ms on the 2.1 Gbit/s link of the AlexNet measurement in
-perf/RESULTS.md, under 2% of its 0.93 s of gradients, while each piece costs a nonblocking
-collective's few hundred microseconds of Python on the training and progress threads (AlexNet's fc6
-becomes 36 pieces). Why 1 MiB for the least message (the allreduce schedule's least bucket too): below
-it those few hundred microseconds are more than its time on a 2 Gbit/s link.
+Why 2 MiB: a piece's wire time is what the pipeline adds after the last gradient (one piece up, its
+update, the same piece down), and a held piece's round trip is what the next forward of its layer waits
+for on the other ranks, which then start their backward that much behind the root: on the modelled bed's
+AlexNet at the balance of compute and wire, the S-Caffe schedule took 1.16x the bound with 2 MiB pieces and
+1.37x with 4 MiB, the allreduce schedule the same with either (perf/RESULTS.md, "Pieces of 2 MiB"). Each
+piece costs a nonblocking collective's few hundred microseconds of Python on the training and progress
+threads (AlexNet's fc6 becomes 72 pieces). Why 1 MiB for the least message (the allreduce schedule's least
+bucket too): below it those few hundred microseconds are more than its time on a 2 Gbit/s link.
 """
 from collectives.settings import positive_int
 from scaffe.log import get_logger
 
 log = get_logger(__name__)
 
-PIECE_BYTES = 4 << 20
+PIECE_BYTES = 2 << 20
 MESSAGE_BYTES = 1 << 20
 
 
 def piece_bytes():
-    """SCAFFE_PIECE_BYTES: the largest piece of a layer's gradients or parameters (default 4 MiB)."""
+    """SCAFFE_PIECE_BYTES: the largest piece of a layer's gradients or parameters (default 2 MiB)."""
     return positive_int("SCAFFE_PIECE_BYTES", PIECE_BYTES)
 
 
