@@ -249,10 +249,14 @@ class Trial:
 
 
 _BLOCKING = {"reduce": MPI.Intracomm.Reduce, "allreduce": MPI.Intracomm.Allreduce, "bcast": MPI.Intracomm.Bcast}
+_NONBLOCKING = {"reduce": MPI.Intracomm.Ireduce, "allreduce": MPI.Intracomm.Iallreduce, "bcast": MPI.Intracomm.Ibcast}
 
 
 def _native_twin(comm, call):
-    """The wrapped MPI's blocking call on a validated call's flat views, on the private duplicate."""
+    """The wrapped MPI's call on a validated call's flat views, on the private duplicate: blocking, or with
+    SCAFFE_WAIT=nap its nonblocking form waited for with naps (MPI's blocking calls spin on the core)."""
+    if waiting.napping():
+        return waiting.wait(_NONBLOCKING[call.kind](comm.private, *call_args(call)))
     return _BLOCKING[call.kind](comm.private, *call_args(call))
 
 

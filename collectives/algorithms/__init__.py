@@ -20,13 +20,14 @@ _KIND_INDEX = {"reduce": 0, "allreduce": 1, "bcast": 2}
 # kind -> smallest message in bytes that leaves native MPI, (on one node, across several nodes), for calls
 # that the compiled node loop runs (sum/prod/min/max on numba's dtypes: collectives.ops.compiled). Below it MPI's latency-tuned paths win: a call through the
 # shared-memory cells pays tens of microseconds of Python and synchronisation before any data moves.
-# None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise: MPICH's one-copy broadcast runs
-# at memory bandwidth, which a two-copy stream through shared cells cannot beat. The measurements
-# behind every number here are in perf/RESULTS.md ("Selection thresholds").
+# None: the kind stays native unless SCAFFE_REDUCE_ALGO says otherwise: on one node MPICH's one-copy broadcast
+# runs at memory bandwidth, which a two-copy stream through shared cells cannot beat; across nodes its
+# broadcast among all ranks crosses each node's link more than once, where ours crosses it once per node.
+# The measurements behind every number here are in perf/RESULTS.md ("Selection thresholds").
 SELECTION = {
     "reduce": (128 << 10, 256 << 10),
     "allreduce": (64 << 10, 1 << 20),
-    "bcast": (None, None),
+    "bcast": (None, 512 << 10),
 }
 # Calls the interpreted loop runs (bitwise and logical ops, float16, long double) leave native MPI from
 # here at the earliest (perf/RESULTS.md).
@@ -35,9 +36,9 @@ INTERPRETED_FROM = {"reduce": 128 << 10, "allreduce": 512 << 10}
 
 def threshold(kind, several_nodes, compiled=True):
     """Smallest message of `kind` that leaves native MPI, or None when it never does by default;
-    `compiled`: whether the node loop of the call is the compiled one."""
+    `compiled`: whether the node loop of the call is the compiled one (a Bcast reduces nothing: it has none)."""
     below = SELECTION[kind][1 if several_nodes else 0]
-    return below if below is None or compiled else max(below, INTERPRETED_FROM[kind])
+    return below if below is None or compiled or kind not in INTERPRETED_FROM else max(below, INTERPRETED_FROM[kind])
 
 
 def names():

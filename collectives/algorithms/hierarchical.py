@@ -82,6 +82,9 @@ def bcast(comm, call):
     if heads is not None:
         parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
         chunk = comm.chunk_elements(call.recv.dtype)
+        if topo.local_size == 1:  # no one on this node to pass it on to
+            pipeline.bcast(heads, call.recv, parent, children, chunk)
+            return
 
         def produce(arrived):
             pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))
