@@ -253,11 +253,8 @@ _NONBLOCKING = {"reduce": MPI.Intracomm.Ireduce, "allreduce": MPI.Intracomm.Iall
 
 
 def _native_twin(comm, call):
-    """The wrapped MPI's call on a validated call's flat views, on the private duplicate: blocking, or with
-    SCAFFE_WAIT=nap its nonblocking form waited for with naps (MPI's blocking calls spin on the core)."""
-    if waiting.napping():
-        return waiting.wait(_NONBLOCKING[call.kind](comm.private, *call_args(call)))
-    return _BLOCKING[call.kind](comm.private, *call_args(call))
+    """The wrapped MPI's call on a validated call's flat views, on the private duplicate, to its end."""
+    return waiting.complete(_BLOCKING[call.kind], _NONBLOCKING[call.kind], comm.private, *call_args(call))
 
 
 def call_args(call):

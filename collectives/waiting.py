@@ -55,6 +55,14 @@ def wait(request):
     wait_all([request])
 
 
+def complete(blocking, nonblocking, *args):
+    """One MPI collective to its end: `blocking(*args)`, or under SCAFFE_WAIT=nap `nonblocking(*args)` waited
+    for with naps (MPI's blocking calls spin on the core)."""
+    if napping():
+        return wait(nonblocking(*args))
+    return blocking(*args)
+
+
 def wait_any(requests):
     """Until one of `requests` (none null) has completed."""
     if not napping():

@@ -54,10 +54,8 @@ def allreduce(comm, call):
         # (perf/RESULTS.md, "Across nodes").
         shm.reduce_scatter(call.send, call.recv, call.op_name)
         lo, hi = shm.owned_range(call.recv.shape[0], call.recv.dtype)
-        if waiting.napping():  # MPI's blocking Allreduce spins: its nonblocking twin lets the wait nap
-            waiting.wait(topo.column_comm.Iallreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op))
-        else:
-            topo.column_comm.Allreduce(MPI.IN_PLACE, call.recv[lo:hi], op=call.op)
+        waiting.complete(MPI.Intracomm.Allreduce, MPI.Intracomm.Iallreduce, topo.column_comm, MPI.IN_PLACE,
+                         call.recv[lo:hi], call.op)
         shm.allgather(call.recv)
         return
     shm.reduce(call.send, call.recv, call.op_name, target=0)
@@ -82,9 +80,6 @@ def bcast(comm, call):
     if heads is not None:
         parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
         chunk = comm.chunk_elements(call.recv.dtype)
-        if topo.local_size == 1:  # no one on this node to pass it on to
-            pipeline.bcast(heads, call.recv, parent, children, chunk)
-            return
 
         def produce(arrived):
             pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))
