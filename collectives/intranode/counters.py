@@ -14,7 +14,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives.errors import CollectiveError
-from collectives.intranode.wait import wait_for_column, wait_until
+from collectives.intranode.wait import wait_for_column, wait_until, yields
 
 
 class CounterBlock:
@@ -44,6 +44,7 @@ class CounterBlock:
         self._mine = self.row_words * self.local_rank
         table[self._mine:self._mine + self.row_words] = 0
         self.fence = self._counter_win.Sync  # bound once: the per-call path calls MPI directly
+        self.yields = yields()  # a wait's yields before it naps (wait.py), read once
 
     def field(self, rank, word):
         return self.words[self.row_words * rank + word]
@@ -75,7 +76,7 @@ class CounterBlock:
         visible. If first a rank's counter `failed` (the calls it left with an error) reaches `value`, or
         `limit_s` seconds pass (None: never), `missed(word, value)` says what happens."""
         failed_column = None if failed is None else self.columns[failed]
-        if not wait_for_column(self.columns[word], value, limit_s, failed_column):
+        if not wait_for_column(self.columns[word], value, limit_s, failed_column, self.yields):
             self.missed(word, value)
         self.fence()
 

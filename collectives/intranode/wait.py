@@ -7,8 +7,10 @@ check there costs nanoseconds, where an interpreted one costs about a microsecon
 dozen of them measurably slowed a 4-rank call on 2 cores (perf/RESULTS.md).
 Naps are NAP_US; with SCAFFE_WAIT=nap (collectives.waiting: a host whose ranks leave the cores idle, as the
 modelled bed's) each is twice the last, up to the longest that setting allows: a peer that computes for
-seconds is then waited for with a few wake-ups, not tens of thousands. The compiled loop (`_steps.wait`)
-reads these numbers from SharedWindows.description.
+seconds is then waited for with a few wake-ups, not tens of thousands. There a wait also yields only as
+often as an MPI wait does (waiting.YIELDS): with 16 ranks on 2 cores, each of a wait's 2000 yields lets
+another rank run, and those yields kept the modelled bed's CPU much busier (perf/RESULTS.md). The
+compiled loop (`_steps.wait`) reads these numbers from SharedWindows.description.
 """
 import os
 import time
@@ -18,6 +20,11 @@ from collectives import waiting
 COMPILED_SPINS = 64  # failed checks in compiled code before the first sched_yield: about a microsecond
 YIELDS = 2000  # failed checks that yield the core before the waits turn into naps
 NAP_US = 20  # the first nap
+
+
+def yields():
+    """The failed checks that yield the core before a wait naps: YIELDS, or waiting.YIELDS where waits nap."""
+    return waiting.YIELDS if waiting.napping() else YIELDS
 
 
 def longest_nap_us():
@@ -35,7 +42,7 @@ def wait_until(ready, limit_s=None):
     seconds have passed (None: never)."""
     if ready():
         return True
-    for _ in range(YIELDS):
+    for _ in range(yields()):
         os.sched_yield()
         if ready():
             return True
@@ -48,10 +55,11 @@ def wait_until(ready, limit_s=None):
     return True
 
 
-def wait_for_column(column, target, limit_s, failed):
+def wait_for_column(column, target, limit_s, failed, yielding):
     """Block until every entry of `column` (a live memoryview of the ranks' counters) reaches `target` and
     return True; return False as soon as an entry of `failed` (the ranks' counters of calls they left with an
-    error; None: no rank can fail) reaches it, or after `limit_s` seconds (None: never). The loop makes no
+    error; None: no rank can fail) reaches it, or after `limit_s` seconds (None: never); the first `yielding`
+    failed checks yield the core (the caller's `yields()`, read once), the rest nap. The loop makes no
     Python calls of its own: the device path's count of them per call stays what its own code makes."""
     if min(column) >= target:
         return True
@@ -62,7 +70,7 @@ def wait_for_column(column, target, limit_s, failed):
         if failed is not None and max(failed) >= target:
             return False
         checks += 1
-        if checks < YIELDS:
+        if checks < yielding:
             os.sched_yield()
         else:
             if deadline is not None and time.monotonic() > deadline:
