@@ -44,7 +44,7 @@ class CounterBlock:
         self._mine = self.row_words * self.local_rank
         table[self._mine:self._mine + self.row_words] = 0
         self.fence = self._counter_win.Sync  # bound once: the per-call path calls MPI directly
-        self.yields = yields()  # a wait's yields before it naps (wait.py), read once
+        self.yields = yields()  # a wait's yields before it naps (wait.py), read once: the compiled loop's too
 
     def field(self, rank, word):
         return self.words[self.row_words * rank + word]

@@ -16,7 +16,7 @@ from collectives.intranode import compiled, interpreted
 from collectives.intranode.compiled import address
 from collectives.intranode.counters import CounterBlock
 from collectives.intranode.protocol import DESCRIPTION, DEPTH, LINE, NOT_SHARED, RESULT_CELLS, Slot, range_start
-from collectives.intranode.wait import COMPILED_SPINS, NAP_US, longest_nap_us, yields
+from collectives.intranode.wait import COMPILED_SPINS, NAP_US, longest_nap_us
 
 _SHIFT = 32  # counters hold seq << _SHIFT | progress
 
@@ -58,7 +58,7 @@ class SharedWindows(CounterBlock):
             reduced=Slot.REDUCED, drained=Slot.DRAINED, send_line_off=Slot.SEND_LINE_OFF,
             recv_line_off=Slot.RECV_LINE_OFF, send_win=Slot.SEND_WIN, send_off=Slot.SEND_OFF,
             local_rank=self.local_rank, local_size=self.local_size, cell_stride=self._stride, depth=DEPTH,
-            spins=COMPILED_SPINS, yields=yields(), nap_us=NAP_US, longest_nap_us=longest_nap_us())
+            spins=COMPILED_SPINS, yields=self.yields, nap_us=NAP_US, longest_nap_us=longest_nap_us())
         self.description = numpy.array([tuple(described[name] for name in DESCRIPTION.names)], DESCRIPTION)
         self.scratch = compiled.scratch(self.local_size)
         self.seq = 0

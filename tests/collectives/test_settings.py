@@ -61,7 +61,7 @@ def test_node_waits_nap_longer_where_waits_nap(monkeypatch):
     naps = wait._naps()
     assert [round(next(naps) * 1e6) for _ in range(8)] == [20, 40, 80, 160, 320, 640, 1000, 1000]
     assert wait.longest_nap_us() == 1000
-    # Before napping a wait yields as often as an MPI wait (2000 yields kept 16 ranks on 2 cores a third busier).
+    # Before napping a wait yields as often as an MPI wait: its own 2000 yields kept the modelled bed's CPU busy.
     assert wait.yields() == waiting.YIELDS < wait.YIELDS
     monkeypatch.setattr(waiting, "_policy", lambda: ("spin", None))
     naps = wait._naps()
