@@ -65,6 +65,8 @@ def complete(blocking, nonblocking, *args):
 
 def wait_any(requests):
     """Until one of `requests` (none null) has completed."""
+    if not requests:
+        raise ValueError("wait_any: no request to wait for (it would never return)")
     if not napping():
         MPI.Request.Waitany(requests)
         return

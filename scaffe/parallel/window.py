@@ -111,8 +111,11 @@ class Windows:
                 break  # everything asked for has started: MPI's own Waitall suffices
             if all(_started(handle) and _request(handle).Test() for handle in handles):
                 return
-            waiting.wait_any([request for request in (window.oldest() for window in self._windows.values())
-                              if request])
+            oldest = [window.oldest() for window in self._windows.values() if window.flight]
+            # A null one completed in the Tests just above (they free what they see complete): the next
+            # `advance` gives its room to a queued collective.
+            if all(oldest):
+                waiting.wait_any(oldest)
         waiting.wait_all([_request(handle) for handle in handles])
 
 
