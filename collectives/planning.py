@@ -153,14 +153,15 @@ def _handle(op):
 
 
 # -- choosing the path ----------------------------------------------------------------------------------
-def _choose(comm, call):
+def _choose(comm, lane, call):
     """The algorithm for a validated call on host memory: the selection table's or SCAFFE_REDUCE_ALGO's,
     "native" for what only MPI computes, "tree" instead of native MPI for a dtype it cannot reduce.
-    Every input is one all ranks share: the call's kind, size, op and dtype, the settings, the topology."""
+    Every input is one all ranks share: the call's kind, size, op and dtype, whether it blocks (MPI matches
+    blocking calls only with blocking ones), the settings (SCAFFE_WAIT among them), the topology."""
     if not call.computed or comm.Get_size() == 1 and native_reduces(call.dtype):
         return "native"  # on one rank there is nothing to combine: MPI's call is a copy, whatever is forced
     compiled = call.op_name is not None and comm.shm.compiled_applies(call.op_name, call.dtype)
-    name = algorithms.select(call.kind, call.nbytes, comm.forced, comm.several_nodes, compiled)
+    name = algorithms.select(call.kind, call.nbytes, comm.forced, comm.several_nodes, compiled, not lane.blocking)
     return "tree" if name == "native" and not native_reduces(call.dtype) else name
 
 
@@ -181,7 +182,7 @@ def _path(comm, lane, call, buf, recvbuf, op, root, stream):
 
 def _host_plan(comm, lane, call, buf, recvbuf, op, root):
     """The plan of a validated call on host buffers, and what its (op, dtype) pair teaches the quick checks."""
-    name = _choose(comm, call)
+    name = _choose(comm, lane, call)
     if name == "native":
         lane.native_pairs.setdefault(call.dtype.num, set()).add(_handle(call.op))
         return NativePlan(lane, buf, recvbuf, op, root, call.nbytes)
@@ -199,7 +200,7 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
 
 
 def _staged_plan(comm, lane, call):
-    name = _choose(comm, call)
+    name = _choose(comm, lane, call)
     if name == "native":
         return StagedNativePlan(lane, call.nbytes, call.staging, call_args(call))
     algorithm = algorithms.get(name, call.kind)

@@ -7,6 +7,7 @@ is the `collectives.Comm` and `call` the validated `Call`. Adding an algorithm t
 cannot compute.
 """
 
+from collectives import waiting
 from collectives.algorithms import chain, flat, hierarchical, tree
 
 _ALGORITHMS = {
@@ -34,10 +35,16 @@ SELECTION = {
 INTERPRETED_FROM = {"reduce": 128 << 10, "allreduce": 512 << 10}
 
 
-def threshold(kind, several_nodes, compiled=True):
+def threshold(kind, several_nodes, compiled=True, nonblocking=False):
     """Smallest message of `kind` that leaves native MPI, or None when it never does by default;
-    `compiled`: whether the node loop of the call is the compiled one (a Bcast reduces nothing: it has none)."""
+    `compiled`: whether the node loop of the call is the compiled one (a Bcast reduces nothing: it has none);
+    `nonblocking`: an I* call."""
     below = SELECTION[kind][1 if several_nodes else 0]
+    if below is None and nonblocking and waiting.napping():
+        # MPI's nonblocking schedule moves only inside the Tests of the thread that waits for it, which naps
+        # between them: a one-node Ibcast of 2 MiB among 8 ranks took milliseconds of naps (perf/RESULTS.md,
+        # "Napping waits and MPI's Ibcast"). Ours moves whenever the ranks' threads do.
+        below = SELECTION[kind][1]
     return below if below is None or compiled or kind not in INTERPRETED_FROM else max(below, INTERPRETED_FROM[kind])
 
 
@@ -45,11 +52,11 @@ def names():
     return sorted(_ALGORITHMS)
 
 
-def select(kind, nbytes, override=None, several_nodes=False, compiled=True):
+def select(kind, nbytes, override=None, several_nodes=False, compiled=True, nonblocking=False):
     """Name of the algorithm for a `kind` collective of `nbytes` (override: SCAFFE_REDUCE_ALGO's value)."""
     if override is not None:
         return override
-    below = threshold(kind, several_nodes, compiled)
+    below = threshold(kind, several_nodes, compiled, nonblocking)
     return "native" if below is None or nbytes < below else "hierarchical"
 
 
