@@ -4,7 +4,10 @@ Parameters are broadcast from the root once, at the first iteration, so all rank
 stay equal (same summed gradient, same update). During backward, finished gradients are cut into
 pieces of at most SCAFFE_PIECE_BYTES (scaffe.parallel.pieces) and packed into the current bucket; a
 bucket of SCAFFE_MESSAGE_BYTES or more is allreduced at once (nonblocking) while backward goes on, so
-that a small net's top layers travel during the backward of its lower ones. Few large messages beat
+that a small net's top layers travel during the backward of its lower ones. Buckets take turns on
+SCAFFE_ALLREDUCE_LANES duplicates of the communicator (bucket k on lane k mod L, on every rank alike), so that
+one bucket crosses the link while the next is reduced inside the nodes: on one lane the link waits for each
+bucket's node stages. Few large messages beat
 many small ones: each collective pays a latency, and large ones take the shared-memory path; pieces keep a large
 layer from making one bucket that completes only when all of it has crossed the link. As soon as a
 bucket's sum is in, every rank updates its pieces (sum / P, then the solver's per-blob pipeline on
@@ -34,11 +37,23 @@ own, after the last bucket: reading them from a device bucket would make the hos
 import numpy
 from mpi4py import MPI
 
+from collectives.settings import positive_int
 from scaffe import timeline
 from scaffe.parallel.base import Schedule
 from scaffe.parallel.deferral import UNLIMITED, Budget, backward_bytes
 from scaffe.parallel.pieces import layer_pieces, message_bytes, piece_bytes, updates_by_piece
 from scaffe.solvers.signals import requests_from_flags
+
+
+# One lane idled the link through each bucket's node stages and its waits' naps: AlexNet b128, 2 hosts x 8 on the
+# modelled bed, 49.0 ms an iteration with one lane, 29.9 with two, 28.4 with four (perf/RESULTS.md, "Buckets on
+# two lanes").
+LANES = 2
+
+
+def allreduce_lanes():
+    """SCAFFE_ALLREDUCE_LANES: the communicators the allreduce schedule's buckets take turns on (default 2)."""
+    return positive_int("SCAFFE_ALLREDUCE_LANES", LANES)
 
 
 class Bucket:
@@ -58,6 +73,7 @@ class AllreduceSchedule(Schedule):
         super().__init__(solver, comm)
         self.piece_bytes = piece_bytes()
         self.bucket_bytes = message_bytes()  # the least a bucket holds before it goes (but the last)
+        self.lanes = (comm, *(comm.Dup() for _ in range(allreduce_lanes() - 1)))  # bucket k goes on lane k mod L
         self._by_piece = updates_by_piece(solver, self.rank)
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
@@ -121,8 +137,9 @@ class AllreduceSchedule(Schedule):
         count = sum(piece.diff.size for piece in self._pending)
         flags_inside = final and xp is numpy
         buckets = self._incoming if held else self._buckets
+        lane = self.lanes[len(buckets) % len(self.lanes)]
         flat = self._bucket_buffer(("held" if held else "backward", len(buckets)),
-                                   count + (self.flag_count + 1 if flags_inside else 0), dtype)
+                                   count + (self.flag_count + 1 if flags_inside else 0), dtype, lane)
         layout, start = [], 0
         for piece in self._pending:
             flat[start:start + piece.diff.size] = piece.diff
@@ -135,8 +152,7 @@ class AllreduceSchedule(Schedule):
         label = ("gradients", layers) if self._pending else None
         if self._pending and not held:
             self._budget.started()
-        request = self.start(self.comm,
-                             lambda stream: self.comm.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
+        request = self.start(lane, lambda stream: lane.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
                              after=self.order.mark(), label=label)
         step = (self.solver.get_learning_rate(), self.solver.iter) if held else None
         buckets.append(Bucket(flat, layout, request, step))
@@ -150,12 +166,12 @@ class AllreduceSchedule(Schedule):
         """This rank's request flags, then rank 0's budget for the backwards to come (0 from the others)."""
         return [*self.local_flags(), self._budget.value if self.rank == 0 else 0]
 
-    def _bucket_buffer(self, key, count, dtype):
+    def _bucket_buffer(self, key, count, dtype, lane):
         """Bucket `key`'s buffer, grown when too small and kept: host buckets live in the communicator's
         shared memory where it offers it, device buckets are of the gradients' own array module."""
         buf = self._storage.get(key)
         if buf is None or buf.size < count or buf.dtype != dtype:
-            alloc = getattr(self.comm, "alloc", None) if self.xp is numpy else None
+            alloc = getattr(lane, "alloc", None) if self.xp is numpy else None
             buf = alloc((count,), dtype) if alloc is not None else self.xp.empty(count, dtype)
             self._storage[key] = buf
         return buf[:count]
