@@ -161,7 +161,8 @@ def _choose(comm, lane, call):
     if not call.computed or comm.Get_size() == 1 and native_reduces(call.dtype):
         return "native"  # on one rank there is nothing to combine: MPI's call is a copy, whatever is forced
     compiled = call.op_name is not None and comm.shm.compiled_applies(call.op_name, call.dtype)
-    name = algorithms.select(call.kind, call.nbytes, comm.forced, comm.several_nodes, compiled, not lane.blocking)
+    name = algorithms.select(call.kind, call.nbytes, comm.forced, comm.several_nodes, compiled,
+                             nonblocking=not lane.blocking)
     return "tree" if name == "native" and not native_reduces(call.dtype) else name
 
 
