@@ -73,7 +73,7 @@ class AllreduceSchedule(Schedule):
         super().__init__(solver, comm)
         self.piece_bytes = piece_bytes()
         self.bucket_bytes = message_bytes()  # the least a bucket holds before it goes (but the last)
-        self.lanes = (comm, *(comm.Dup() for _ in range(allreduce_lanes() - 1)))  # bucket k goes on lane k mod L
+        self.lanes = (comm, *(self.duplicate() for _ in range(allreduce_lanes() - 1)))  # bucket k: lane k mod L
         self._by_piece = updates_by_piece(solver, self.rank)
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor

@@ -71,7 +71,7 @@ from scaffe.solvers.signals import requests_from_flags
 class SCaffeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
-        self.propagation = comm.Dup()  # parameters travel beside the gradient reduces, not behind them
+        self.propagation = self.duplicate()  # parameters travel beside the gradient reduces, not behind them
         self.piece_bytes = piece_bytes()
         self._messages = Messages(solver, message_bytes())
         self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first
