@@ -86,9 +86,8 @@ class Comm(MPI.Intracomm):
         keeps = not self.check  # SCAFFE_CHECK compares every call's signature across the ranks
         # Everything a call reads on the latency path is in its Lane: attribute lookups on an mpi4py
         # subclass cost more than the checks themselves.
-        lanes = tuple(Lane(kind, method, Name(method.__name__, index), keeps,
-                           algorithms.threshold(kind, self.several_nodes, nonblocking=method.__name__.startswith("I")),
-                           rank, size, native_pairs, computed_pairs)
+        lanes = tuple(Lane(kind, method, Name(method.__name__, index), keeps, self.several_nodes, rank, size,
+                           native_pairs, computed_pairs)
                       for kind, method in _METHODS)
         stall.watch(self, index)
         self._lanes = lanes

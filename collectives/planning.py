@@ -47,11 +47,12 @@ class Lane:
     __slots__ = ("kind", "native", "event_name", "tally", "blocking", "keeps", "plans", "native_below", "rank",
                  "size", "native_pairs", "computed_pairs")
 
-    def __init__(self, kind, native, event_name, keeps, native_below, rank, size, native_pairs, computed_pairs):
+    def __init__(self, kind, native, event_name, keeps, several_nodes, rank, size, native_pairs, computed_pairs):
         self.kind, self.native, self.event_name, self.keeps = kind, native, event_name, keeps
         self.tally = event_name.tally
         self.blocking = not native.__name__.startswith("I")
         self.plans = {}
+        native_below = algorithms.threshold(kind, several_nodes, nonblocking=not self.blocking)
         # The selection table's None (native at every size) as a size no call reaches.
         self.native_below = float("inf") if native_below is None else native_below
         self.rank, self.size = rank, size

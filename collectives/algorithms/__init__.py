@@ -42,8 +42,8 @@ def threshold(kind, several_nodes, compiled=True, nonblocking=False):
     below = SELECTION[kind][1 if several_nodes else 0]
     if below is None and nonblocking and waiting.napping():
         # MPI's nonblocking schedule moves only inside the Tests of the thread that waits for it, which naps
-        # between them: a one-node Ibcast of 2 MiB among 8 ranks took milliseconds of naps (perf/RESULTS.md,
-        # "Napping waits and MPI's Ibcast"). Ours moves whenever the ranks' threads do.
+        # between them (perf/RESULTS.md, "The window's stop, MPI's Ibcast under naps, buckets on two lanes").
+        # Ours moves whenever the ranks' threads do.
         below = SELECTION[kind][1]
     return below if below is None or compiled or kind not in INTERPRETED_FROM else max(below, INTERPRETED_FROM[kind])
 

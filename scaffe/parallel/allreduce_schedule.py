@@ -45,9 +45,8 @@ from scaffe.parallel.pieces import layer_pieces, message_bytes, piece_bytes, upd
 from scaffe.solvers.signals import requests_from_flags
 
 
-# One lane idled the link through each bucket's node stages and its waits' naps: AlexNet b128, 2 hosts x 8 on the
-# modelled bed, 49.0 ms an iteration with one lane, 29.9 with two, 28.4 with four (perf/RESULTS.md, "Buckets on
-# two lanes").
+# One lane idled the link through each bucket's node stages and its waits' naps; two took most of what four did
+# (perf/RESULTS.md, "The window's stop, MPI's Ibcast under naps, buckets on two lanes").
 LANES = 2
 
 

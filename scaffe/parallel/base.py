@@ -40,10 +40,9 @@ class Schedule(SolverCallback):
         self.final_grads_layer = min(ready) if ready else None
 
     def duplicate(self):
-        """A duplicate of the schedule's communicator, set up now on every rank (collective). Set up at its
-        first call instead, in the middle of the other communicators' traffic, four of them (the S-Caffe
-        schedule's pieces on two lanes of each kind, tried) hung 2-rank LeNet in 3 runs of 13; set up here,
-        none of 12."""
+        """A duplicate of the schedule's communicator, set up now on every rank (collective): set up at its
+        first call instead, in the middle of the other communicators' traffic, such duplicates hung 2-rank
+        LeNet (perf/RESULTS.md, "The window's stop, MPI's Ibcast under naps, buckets on two lanes")."""
         comm = self.comm.Dup()
         comm.describe()  # collective the first time: sets the communicator up
         return comm

@@ -6,11 +6,8 @@ from collectives import algorithms, waiting
 
 @pytest.fixture(params=["spin", "nap"])
 def wait_policy(request, monkeypatch):
-    monkeypatch.setenv("SCAFFE_WAIT", request.param)
-    waiting._policy.cache_clear()
-    yield request.param
-    monkeypatch.delenv("SCAFFE_WAIT")
-    waiting._policy.cache_clear()
+    monkeypatch.setattr(waiting, "_policy", lambda: (request.param, 0.001 if request.param == "nap" else None))
+    return request.param
 
 
 def test_a_one_node_broadcast_leaves_native_mpi_only_when_nonblocking_waits_nap(wait_policy):

@@ -27,11 +27,7 @@ class CompletesAtThirdLook(MPI.Grequest):
 
 @pytest.fixture
 def napping(monkeypatch):
-    monkeypatch.setenv("SCAFFE_WAIT", "nap")
-    waiting._policy.cache_clear()
-    yield
-    monkeypatch.delenv("SCAFFE_WAIT")
-    waiting._policy.cache_clear()
+    monkeypatch.setattr(waiting, "_policy", lambda: ("nap", 0.001))
 
 
 @contextlib.contextmanager
