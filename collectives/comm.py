@@ -1,7 +1,7 @@
 """`Comm`: an mpi4py Intracomm whose buffer collectives run the hierarchical algorithms.
 
 This module is the mpi4py-facing surface and nothing else: set-up, `alloc`, `Free`, `Dup`, and the six
-overrides, each one call of its `Lane` (collectives.planning), which finds or builds the call's plan
+overrides, each its `Lane`'s override (collectives.planning), which finds or builds the call's plan
 and runs it (collectives.plans). Whatever we do not compute ourselves (user-defined ops, derived
 datatypes, bool or structured dtypes) goes to the wrapped MPI unchanged, so swapping `MPI.COMM_WORLD`
 for `Comm(MPI.COMM_WORLD)` never changes a program's meaning.
@@ -44,6 +44,7 @@ class Comm(MPI.Intracomm):
     """
 
     _lanes = None  # the Lane of each wrapped MPI method, once set up
+    _overrides = None  # each Lane's override, in the same order
     _device_path = None  # "direct" or "staged" as the constructor was told; None: SCAFFE_DEVICE_PATH's
 
     def __new__(cls, comm=None, device_path=None):
@@ -91,7 +92,14 @@ class Comm(MPI.Intracomm):
                       for kind, method in _METHODS)
         stall.watch(self, index)
         self._lanes = lanes
-        return lanes
+        overrides = tuple(lane.override(self) for lane in lanes)
+        # Set on the communicator itself, an override runs with no frame of ours before it; a method a subclass
+        # overrides (or a patched class) keeps its own, which reaches the lane's through ours.
+        for (_, method), override in zip(_METHODS, overrides):
+            if getattr(type(self), method.__name__) is _OWN[method.__name__]:
+                setattr(self, method.__name__, override)
+        self._overrides = overrides
+        return overrides
 
     @property
     def _ready(self):
@@ -128,27 +136,34 @@ class Comm(MPI.Intracomm):
                 self.device_ipc.free()
             self.node_topology.free()
             self.private.Free()
-            self._lanes = None  # they would send repeated calls to what was just freed
+            for _, method in _METHODS:
+                self.__dict__.pop(method.__name__, None)
+            self._lanes = self._overrides = None  # they would send repeated calls to what was just freed
         MPI.Intracomm.Free(self)
 
     def Dup(self, *args, **kwargs):
         return Comm(MPI.Intracomm.Dup(self, *args, **kwargs), device_path=self._device_path)
 
-    # -- the overrides: mpi4py's signatures, each one call of its Lane (collectives.planning) ---------------
+    # -- the overrides: mpi4py's signatures, each its Lane's (collectives.planning), which set-up also sets on
+    # the communicator itself; these run the first call, and a subclass's calls through super() -----------
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
-        return (self._lanes or self._setup())[_REDUCE].call(self, sendbuf, recvbuf, op, root, stream)
+        return (self._overrides or self._setup())[_REDUCE](sendbuf, recvbuf, op, root, stream)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
-        return (self._lanes or self._setup())[_ALLREDUCE].call(self, sendbuf, recvbuf, op, 0, stream)
+        return (self._overrides or self._setup())[_ALLREDUCE](sendbuf, recvbuf, op, stream)
 
     def Bcast(self, buf, root=0, stream=None):
-        return (self._lanes or self._setup())[_BCAST].call(self, buf, None, None, root, stream)
+        return (self._overrides or self._setup())[_BCAST](buf, root, stream)
 
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
-        return (self._lanes or self._setup())[_IREDUCE].call(self, sendbuf, recvbuf, op, root, stream)
+        return (self._overrides or self._setup())[_IREDUCE](sendbuf, recvbuf, op, root, stream)
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM, stream=None):
-        return (self._lanes or self._setup())[_IALLREDUCE].call(self, sendbuf, recvbuf, op, 0, stream)
+        return (self._overrides or self._setup())[_IALLREDUCE](sendbuf, recvbuf, op, stream)
 
     def Ibcast(self, buf, root=0, stream=None):
-        return (self._lanes or self._setup())[_IBCAST].call(self, buf, None, None, root, stream)
+        return (self._overrides or self._setup())[_IBCAST](buf, root, stream)
+
+
+# Comm's own overrides: set-up sets the lanes' on a communicator whose class has these.
+_OWN = {method.__name__: Comm.__dict__[method.__name__] for _, method in _METHODS}

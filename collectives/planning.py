@@ -10,6 +10,8 @@ Every rank must take the same path, or their messages never match: `_choose` dec
 ranks of a correct call share (kind, size, dtype, op, the communicator's settings and topology) and
 from where the buffers live, on which every rank of a node must agree (collectives.devices.direct).
 """
+import linecache
+
 import numpy
 from mpi4py import MPI
 
@@ -37,68 +39,46 @@ _PATHS = ("host", "direct")
 class Lane:
     """One override on one communicator: its kind, the wrapped MPI's method it stands in for (`native`),
     its event name, whether it blocks, and the plans of the calls it has met (`plans`, by the ids of the
-    call's two buffer arguments; `keeps` False when every call is planned afresh: SCAFFE_CHECK).
+    call's two buffer arguments, and `last`, the one found or kept last; `keeps` False when every call is
+    planned afresh: SCAFFE_CHECK).
 
     `native_pairs` maps a dtype number to the handles of the ops that went native with it (None: a
     Bcast's); `computed_pairs` maps (op handle, dtype) to the op's name for those our algorithms ran (the
     dtype itself: its number does not tell byte orders apart). Both are the communicator's, shared.
     """
 
-    __slots__ = ("kind", "native", "event_name", "tally", "blocking", "keeps", "plans", "native_below", "rank",
-                 "size", "native_pairs", "computed_pairs")
+    __slots__ = ("kind", "native", "event_name", "tally", "blocking", "keeps", "plans", "last", "native_below",
+                 "rank", "size", "native_pairs", "computed_pairs")
 
     def __init__(self, kind, native, event_name, keeps, several_nodes, rank, size, native_pairs, computed_pairs):
         self.kind, self.native, self.event_name, self.keeps = kind, native, event_name, keeps
         self.tally = event_name.tally
         self.blocking = not native.__name__.startswith("I")
         self.plans = {}
+        self.last = NO_PLAN
         native_below = algorithms.threshold(kind, several_nodes, nonblocking=not self.blocking)
         # The selection table's None (native at every size) as a size no call reaches.
         self.native_below = float("inf") if native_below is None else native_below
         self.rank, self.size = rank, size
         self.native_pairs, self.computed_pairs = native_pairs, computed_pairs
 
-    def call(self, comm, buf, recvbuf, op, root, stream):
-        """One call of this override: its plan, found or built, run."""
-        plan = self.plans.get((id(buf), id(recvbuf)))
-        # The signature compared inline for a plain array (a method call more is measurable here).
-        if not (plan is not None and op is plan.op and root == plan.root
-                and (buf.dtype is plan.dtype and buf.nbytes == plan.nbytes if type(buf) is numpy.ndarray
-                     else plan.holds(buf, recvbuf, stream))):
-            plan = _planned(comm, self, buf, recvbuf, op, root, stream)
-        if plan.direct and stream is None and not listeners:
-            # The wrapped MPI's call made here, collectives.events.started and finished inline: a frame and
-            # a star call more are a measurable part of a small call.
-            tally = self.tally
-            tally[0] += 1
-            tally[2] = plan.nbytes
-            try:
-                kind = self.kind
-                if kind == "reduce":
-                    return self.native(comm, buf, recvbuf, op, root)
-                if kind == "allreduce":
-                    return self.native(comm, buf, recvbuf, op)
-                return self.native(comm, buf, root)
-            except REJECTED:
-                pass  # what changed is found by the full validation, below, once this call is counted finished
-            finally:
-                tally[1] += 1
-            return self._replanned(comm, buf, recvbuf, op, root, stream)
-        try:
-            return plan.run(comm, buf, recvbuf, op, root, stream)
-        except Stale:
-            return self._replanned(comm, buf, recvbuf, op, root, stream)
+    def override(self, comm):
+        """This lane's override on `comm`: a function with the wrapped MPI method's signature (and `stream`)
+        that finds or builds each call's plan and runs it (collectives.comm sets it on the communicator)."""
+        return _OVERRIDES[self.native.__name__](self, comm, self.plans, self.tally, self.native)
 
-    def _replanned(self, comm, buf, recvbuf, op, root, stream):
+    def replanned(self, comm, buf, recvbuf, op, root, stream):
         """A call whose plan went stale (changed in place in a way its signature cannot see), planned through
         the full validation, which raises the clear error for what changed; what MPI still rejects after
         it is reported in MPI's own words."""
         self.plans.pop((id(buf), id(recvbuf)), None)
+        self.last = NO_PLAN
         plan = _validated(comm, self, buf, recvbuf, op, root, stream)
         try:
             return plan.run(comm, buf, recvbuf, op, root, stream)
         except Stale as stale:
             self.plans.pop((id(buf), id(recvbuf)), None)
+            self.last = NO_PLAN
             # What the validation let through and MPI rejects, in MPI's own words.
             raise (stale.error or CollectiveError(f"{self.kind}: the buffers changed while the call was planned")) from None
 
@@ -106,7 +86,79 @@ class Lane:
         if self.keeps and plan.kept:
             if len(self.plans) >= _KEPT:
                 self.plans.clear()
-            self.plans[(id(buf), id(recvbuf))] = plan
+            plan.send_id, plan.recv_id = key = id(buf), id(recvbuf)
+            self.plans[key] = self.last = plan
+
+
+class _NoPlan:
+    """The plan of buffers a lane has not met: no call's signature is its own."""
+
+    send_id = recv_id = -1  # no object's id
+    op = dtype = host_kind = None
+    root = object()  # equal to no root
+
+    @staticmethod
+    def holds(buf, recvbuf, stream):
+        return False
+
+
+NO_PLAN = _NoPlan()
+
+# The body of every override, one function per wrapped method, made from this text once at import: the
+# methods' signatures differ (mpi4py's parameter names, Allreduce without a root), and a repeated small
+# call cannot afford a frame more to adapt them (perf/RESULTS.md, "One frame for a repeated call").
+# A call finds its plan by its buffers' ids (the lane's last plan, else its dictionary), compares the rest
+# of its signature inline for a plain array or where the kinds of objects alone decide (a native Bcast's),
+# else by `holds`, and runs it; a blocking native plan's MPI call is made here, collectives.events.started
+# and finished inline.
+_OVERRIDE = """
+def make(lane, comm, plans, tally, native):
+    def {name}({params}, stream=None):
+        plan = lane.last
+        if id({buf}) != plan.send_id or {recv_id} != plan.recv_id:
+            plan = lane.last = plans.get((id({buf}), {recv_id}), NO_PLAN)
+        if not ({op} is plan.op and {root} == plan.root
+                and ({buf}.dtype is plan.dtype and {buf}.nbytes == plan.nbytes if type({buf}) is ndarray
+                     else type({buf}) is plan.host_kind and (plan.spec_kind is None or type({buf}[0]) is plan.spec_kind)
+                     or plan.holds({buf}, {recv}, stream))):
+            plan = planned(comm, lane, {buf}, {recv}, {op}, {root}, stream)
+        if plan.direct and stream is None and not listeners:
+            tally[0] += 1
+            tally[2] = plan.nbytes
+            try:
+                return native(comm, {native_args})
+            except REJECTED:
+                pass  # what changed is found by the full validation, once this call is counted finished
+            finally:
+                tally[1] += 1
+            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
+        try:
+            return plan.run(comm, {buf}, {recv}, {op}, {root}, stream)
+        except Stale:
+            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
+    return {name}
+"""
+# Each wrapped method's parameters (before `stream`), and its buffer, receive buffer, op and root as the
+# body names them.
+_SIGNATURES = {
+    "reduce": dict(params="sendbuf, recvbuf, op=SUM, root=0", buf="sendbuf", recv="recvbuf", recv_id="id(recvbuf)",
+                   op="op", root="root", native_args="sendbuf, recvbuf, op, root"),
+    "allreduce": dict(params="sendbuf, recvbuf, op=SUM", buf="sendbuf", recv="recvbuf", recv_id="id(recvbuf)",
+                      op="op", root="0", native_args="sendbuf, recvbuf, op"),
+    "bcast": dict(params="buf, root=0", buf="buf", recv="None", recv_id="NONE_ID", op="None", root="root",
+                  native_args="buf, root"),
+}
+
+
+def _override_factory(name, kind):
+    source = _OVERRIDE.format(name=name, **_SIGNATURES[kind])
+    # Named under this module's file, its source registered where tracebacks and profiles look for it.
+    filename = f"{__file__}:<{name} override>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    scope = dict(SUM=MPI.SUM, NO_PLAN=NO_PLAN, NONE_ID=id(None), ndarray=numpy.ndarray, listeners=listeners,
+                 REJECTED=REJECTED, Stale=Stale, planned=_planned)
+    exec(compile(source, filename, "exec"), scope)
+    return scope["make"]
 
 
 def _planned(comm, lane, buf, recvbuf, op, root, stream):
@@ -124,6 +176,12 @@ def _validated(comm, lane, buf, recvbuf, op, root, stream):
     plan = _path(comm, lane, call, buf, recvbuf, op, root, stream)
     lane.keep(buf, recvbuf, plan)
     return plan
+
+
+_OVERRIDES = {name: _override_factory(name, kind)
+              for kind, names in (("reduce", ("Reduce", "Ireduce")), ("allreduce", ("Allreduce", "Iallreduce")),
+                                  ("bcast", ("Bcast", "Ibcast")))
+              for name in names}
 
 
 # -- the quick checks: a plain array of an (op, dtype) pair planned before -------------------------------

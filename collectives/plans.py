@@ -109,15 +109,20 @@ def fitting_recv(sendbuf, recvbuf):
 
 class Plan:
     """How calls of one signature run. `op`, `root`, `dtype` and `nbytes` are the signature's parts that
-    `Lane.call` compares inline for a plain array send buffer (`dtype` None for any other); `holds` tells
-    the rest. `kept`: whether the plan may serve later calls (else it serves the call that built it)."""
+    a lane's override compares inline for a plain array send buffer (`dtype` None for any other); `holds`
+    tells the rest. `kept`: whether the plan may serve later calls (else it serves the call that built it);
+    `send_id` and `recv_id`: the ids of the buffer arguments it is kept for (collectives.planning);
+    `host_kind` and `spec_kind`: the send buffer's type and, for a spec, its buffer's, where they alone
+    decide a repeat (NativePlan), else None."""
 
-    __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place")
+    __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place", "send_id", "recv_id",
+                 "host_kind", "spec_kind")
     kept = True
-    direct = False  # whether Lane.call may make the wrapped MPI's call itself (NativePlan's on a blocking lane)
+    direct = False  # whether the lane's override may make the wrapped MPI's call itself (NativePlan's on a blocking lane)
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         self.lane, self.op, self.root, self.nbytes = lane, op, root, nbytes
+        self.host_kind = self.spec_kind = None
         self.in_place = type(buf) is not numpy.ndarray and (buf is MPI.IN_PLACE or buf is None)
         self.dtype = buf.dtype if type(buf) is numpy.ndarray else None
         self.signature = signature(recvbuf if self.in_place else buf)
@@ -150,6 +155,8 @@ class NativePlan(Plan):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
         self.direct = lane.blocking
         self.kinds = host_kinds(recvbuf if self.in_place else buf) if lane.native_below == float("inf") else None
+        if self.kinds is not None and not self.in_place:  # the kinds as the lane's override compares them inline
+            self.host_kind, self.spec_kind = self.kinds if type(self.kinds) is tuple else (self.kinds, None)
 
     def holds(self, buf, recvbuf, stream):
         if self.kinds is None:
@@ -165,7 +172,7 @@ class NativePlan(Plan):
             if not lane.blocking:
                 request = native(comm, *native_args(kind, buf, recvbuf, op, root))
                 return comm.progress.follow(request, with_label(lane.event_name), self.nbytes)
-            # Lane.call makes a call without a stream or listeners itself; this is every other blocking one.
+            # The lane's override makes a call without a stream or listeners itself; this is every other blocking one.
             return reported(with_label(lane.event_name), self.nbytes, native, comm,
                             *native_args(kind, buf, recvbuf, op, root))
         except REJECTED as error:

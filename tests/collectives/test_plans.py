@@ -62,3 +62,55 @@ def test_one_rank_goes_to_mpi_whatever_algorithm_is_forced(monkeypatch):
         assert made == ["AlgorithmPlan"] * 4 + ["NativePlan"] * 8, made
     finally:
         comm.Free()
+
+
+def test_the_overrides_are_set_on_the_communicator_and_a_subclass_keeps_its_own(monkeypatch):
+    """Set-up sets each lane's override on the communicator itself (a repeated call runs no frame of ours
+    before it); a subclass's own Reduce stays in charge and reaches ours through super(); Free takes them off."""
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", "0")
+    seen = []
+
+    class Logged(collectives.Comm):
+        def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0, stream=None):
+            seen.append(op)
+            return super().Reduce(sendbuf, recvbuf, op, root, stream)
+
+    plain, logged = collectives.Comm(MPI.COMM_SELF.Dup()), Logged(MPI.COMM_SELF.Dup())
+    try:
+        data, out = numpy.arange(4, dtype=numpy.float32), numpy.zeros(4, numpy.float32)
+        for comm in (plain, logged):
+            for _ in range(3):
+                out[:] = 0
+                comm.Reduce(data, out, MPI.SUM, 0)
+                assert out.tolist() == data.tolist()
+        assert seen == [MPI.SUM] * 3
+        names = ("Reduce", "Ireduce", "Allreduce", "Iallreduce", "Bcast", "Ibcast")
+        assert all(name in vars(plain) for name in names)
+        assert "Reduce" not in vars(logged) and all(name in vars(logged) for name in names[1:])
+        out[:] = 0
+        collectives.Comm.Reduce(plain, data, out, MPI.MAX, 0)  # the class's method runs the same lane's
+        assert out.tolist() == data.tolist()
+    finally:
+        plain.Free()
+        logged.Free()
+    assert not any(name in vars(plain) for name in names)
+
+
+def test_a_repeated_call_on_the_same_arrays_changed_in_place_is_planned_again(monkeypatch):
+    """The lane's last plan serves a call on the same two arrays only while their dtype and size are its own:
+    float32 arrays viewed as float16 in place (which MPI cannot reduce) take our algorithm, with the right sum."""
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", "0")
+    comm = collectives.Comm(MPI.COMM_SELF.Dup())
+    try:
+        data, out = numpy.arange(4, dtype=numpy.float32), numpy.zeros(4, numpy.float32)
+        comm.Reduce(data, out, MPI.SUM, 0)
+        comm.Reduce(data, out, MPI.SUM, 0)
+        data.dtype = out.dtype = numpy.float16  # the same objects, eight float16 elements each
+        data[:] = numpy.arange(8)
+        out[:] = 0
+        comm.Reduce(data, out, MPI.SUM, 0)
+        assert out.tolist() == list(range(8))
+        made = sorted(type(plan).__name__ for lane in comm._lanes for plan in lane.plans.values())
+        assert made == ["AlgorithmPlan"], made  # kept under the same two ids, in the native plan's place
+    finally:
+        comm.Free()
