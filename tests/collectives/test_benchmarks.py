@@ -69,3 +69,13 @@ def test_a_repeated_device_call_makes_few_python_calls():
     rows = {line.split()[0]: float(line.split("python_calls=")[1]) for line in done.stdout.splitlines()}
     assert set(rows) == {"Reduce", "Allreduce", "Bcast"}, done.stdout
     assert all(calls <= 60 for calls in rows.values()), done.stdout
+
+
+def test_tree_traffic_times_each_kind_against_the_link():
+    """perf/tree_traffic.py on two simulated nodes: a line for reduces, broadcasts, both, and MPI's own both."""
+    done = run_benchmark(2, "tree_traffic", "--rate-kbit", "1000000", "--piece-bytes", "65536", "--pieces", "4",
+                         "--rounds", "1", SCAFFE_RANKS_PER_NODE=1)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split("  ") for line in done.stdout.splitlines()]
+    assert [row[0].strip() for row in rows] == ["reduces", "bcasts", "both", "native both"], done.stdout
+    assert all(float(line.split("efficiency")[1]) > 0 for line in done.stdout.splitlines())
