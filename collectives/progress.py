@@ -4,7 +4,10 @@ Every rank executes its collectives in the order it called them, which MPI requi
 FIFO thread per communicator keeps all ranks in step. A nonblocking call returns an `MPI.Grequest`
 that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own; work that raises
 completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
-and the thread goes on with the next call. A blocking call runs
+and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) is waited
+for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
+turn; handing a call to another thread and back costs 100-200 us on a
+small VM (perf/RESULTS.md, "Nonblocking calls MPI runs, waited for by their caller"). A blocking call runs
 right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
 pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
 runs it, when it starts running and when it has finished.
@@ -55,12 +58,26 @@ class Progress:
         return request
 
     def follow(self, native_request, name, nbytes):
-        """A request that completes with `native_request` (an MPI I* call already started), which the
-        thread waits on in turn, so that its completion is reported: a caller blocked in Waitall on it
-        is then seen by the stall inspector. Without a thread it is `native_request` itself."""
+        """A request that completes with `native_request` (an MPI I* call already started), waited for
+        and reported by the caller's own `Wait`, or by the thread in turn (a caller blocked in Waitall
+        on it is then seen by the stall inspector). Without a thread it is `native_request` itself."""
         if not self.threaded:
             return native_request
-        return self.submit(lambda: waiting.wait(native_request), name, nbytes)
+        request = Request.started()
+        request.followed, request.progress = (native_request, name, nbytes), self
+        self._enqueue(lambda: waiting.wait(native_request), name, nbytes, request)
+        return request
+
+    def taken(self, request, by_caller):
+        """Whether the caller's thread (`by_caller`) or this one may wait for followed `request`: the
+        first to ask; a caller's claim counts the call off the pending ones."""
+        with self._lock:
+            if request.taker is not None:
+                return False
+            request.taker = "caller" if by_caller else "thread"
+            if by_caller:
+                self._pending -= 1
+            return True
 
     def _enqueue(self, work, name, nbytes, completion):
         with self._lock:
@@ -78,6 +95,8 @@ class Progress:
             if item is None:
                 return
             work, name, nbytes, completion = item
+            if not completion.helped(self):
+                continue  # a followed call its caller waited for itself
             error = None
             try:
                 reported(name, nbytes, work)
@@ -106,6 +125,10 @@ class QueuedCall:
         self._error = error
         self._done.set()
 
+    @staticmethod
+    def helped(progress):
+        return True
+
     def wait(self):
         self._done.wait()
         if self._error is not None:
@@ -120,6 +143,8 @@ class Request(MPI.Grequest):
     def __init__(self, request=None):  # mpi4py's __new__ takes over `request`'s handle
         self.error = None
         self._raising = False  # inside our own Wait/Test, which raise `error` themselves
+        # A followed call's (MPI request, name, nbytes) (Progress.follow), its Progress, and who waits for it.
+        self.followed = self.progress = self.taker = None
 
     @classmethod
     def started(cls):
@@ -137,7 +162,19 @@ class Request(MPI.Grequest):
         self.error = error
         self.Complete()
 
+    def helped(self, progress):
+        """Whether the progress thread runs this request's work (not a followed one its caller took)."""
+        return self.followed is None or progress.taken(self, by_caller=False)
+
     def Wait(self, status=None):
+        if self.followed is not None and self.taker is None and self.progress.taken(self, by_caller=True):
+            native, name, nbytes = self.followed  # waited for here, reported as the thread would
+            error = None
+            try:
+                reported(name, nbytes, waiting.wait, native)
+            except BaseException as raised:
+                error = raised
+            self.finish(error)
         self._raising = True
         try:
             super().Wait(status)

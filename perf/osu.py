@@ -53,6 +53,8 @@ def parse_args(description, argv=None):
     p.add_argument("--alloc", action="store_true", help="scaffe uses comm.alloc (shared-memory) buffers")
     p.add_argument("--floor", action="store_true", help="add the single-core numpy bandwidth floor column")
     p.add_argument("--plot", metavar="FILE.png", help="draw latency against size")
+    p.add_argument("--nonblocking", action="store_true",
+                   help="time the I* form, each request waited for at once (OSU's osu_i* without the compute)")
     args = p.parse_args(argv)
     args.min_size, args.max_size = parse_size_range(args.message_size)
     if args.device == "cpu" and args.impl == "staged":
@@ -152,6 +154,13 @@ def output_columns(args, impls, baseline):
     return columns
 
 
+def waited(args, blocking, nonblocking):
+    """The call a case times: `blocking`, or with --nonblocking `nonblocking`'s request waited for."""
+    if args.nonblocking:
+        return lambda: nonblocking().Wait()
+    return blocking
+
+
 def run(title, make_case, argv=None):
     """Run one benchmark. make_case(comm, count, dtype, impl, args) -> (call, check) for one size.
 
@@ -160,6 +169,8 @@ def run(title, make_case, argv=None):
     when its result is wrong: the implementations share their buffers (see `buffers`).
     """
     args = parse_args(title, argv)
+    if args.nonblocking:
+        title = "I" + title.lower()
     world = MPI.COMM_WORLD
     fast = collectives.Comm(world)
     topology = fast.describe()  # collective: every rank sets up before rank 0 prints

@@ -7,7 +7,9 @@ from perf import osu
 def make_case(comm, count, dtype, impl, args):
     rank, size = comm.Get_rank(), comm.Get_size()
     send, recv = osu.buffers(comm, count, dtype, impl, args, value=rank + 1)
-    return osu.case(lambda: comm.Allreduce(send, recv, op=MPI.SUM), recv, size * (size + 1) // 2,
+    call = osu.waited(args, lambda: comm.Allreduce(send, recv, op=MPI.SUM),
+                      lambda: comm.Iallreduce(send, recv, op=MPI.SUM))
+    return osu.case(call, recv, size * (size + 1) // 2,
                     f"{impl} Allreduce of {count} elements on rank {rank}")
 
 

@@ -5,7 +5,8 @@ from perf import osu
 def make_case(comm, count, dtype, impl, args):
     rank = comm.Get_rank()
     buf, _ = osu.buffers(comm, count, dtype, impl, args, value=7 if rank == 0 else 0)
-    return osu.case(lambda: comm.Bcast(buf, root=0), buf, 7, f"{impl} Bcast of {count} elements on rank {rank}",
+    call = osu.waited(args, lambda: comm.Bcast(buf, root=0), lambda: comm.Ibcast(buf, root=0))
+    return osu.case(call, buf, 7, f"{impl} Bcast of {count} elements on rank {rank}",
                     clear_result=rank != 0)
 
 

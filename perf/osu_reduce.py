@@ -7,7 +7,9 @@ from perf import osu
 def make_case(comm, count, dtype, impl, args):
     rank, size = comm.Get_rank(), comm.Get_size()
     send, recv = osu.buffers(comm, count, dtype, impl, args, value=rank + 1)
-    return osu.case(lambda: comm.Reduce(send, recv, op=MPI.SUM, root=0), recv, size * (size + 1) // 2,
+    call = osu.waited(args, lambda: comm.Reduce(send, recv, op=MPI.SUM, root=0),
+                      lambda: comm.Ireduce(send, recv, op=MPI.SUM, root=0))
+    return osu.case(call, recv, size * (size + 1) // 2,
                     f"{impl} Reduce of {count} elements", check_result=rank == 0)
 
 

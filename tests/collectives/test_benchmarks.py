@@ -32,6 +32,16 @@ def test_benchmark_validates_and_prints_osu_format(bench, device):
     assert all(len(r) == 9 and float(r[-1]) > 0 for r in rows)  # size, 2 x (avg, min, max), iterations, ratio
 
 
+@pytest.mark.parametrize("bench", ["osu_reduce", "osu_allreduce", "osu_bcast"])
+def test_nonblocking_forms_validate_each_request_waited_for(bench):
+    done = run_benchmark(2, bench, "--nonblocking", "-m", "4:262144", "-i", "4", "-x", "1", "-c")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    kind = bench.split("_")[1]
+    assert lines[0].startswith(f"# OSU MPI I{kind} Latency Test"), lines[0]
+    assert [int(line.split()[0]) for line in lines[3:]] == [4 << k for k in range(17)]
+
+
 def run_stages(ranks, per_node):
     return run_benchmark(ranks, "allreduce_stages", "-m", "65536:131072", "-i", "2", "-r", "2",
                          SCAFFE_RANKS_PER_NODE=per_node)

@@ -1,4 +1,5 @@
 """The progress thread survives work that raises: the call's request carries the error, later calls run."""
+import threading
 import time
 
 import pytest
@@ -64,3 +65,34 @@ def test_waitall_reports_a_failed_call_as_an_mpi_error(progress):
         MPI.Request.Waitall(requests)
     assert all(request == MPI.REQUEST_NULL for request in requests)
     progress.run(lambda: None, NAMES["Allreduce"], 8)
+
+
+def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progress):
+    """A nonblocking call MPI runs (`follow`): the caller's Wait waits for it in its own thread (no hand-off to
+    the progress thread and back), a C-level Waitall has the thread wait for it; each call is reported once,
+    and a blocking call after them runs at once."""
+    name = NAMES["Ibcast"]
+    comm = MPI.COMM_SELF
+    data = bytearray(b"abcd")
+    begun = name.tally[0]
+    release = threading.Event()
+    blocker = progress.submit(release.wait, NAMES["Iallreduce"], 8)  # the thread is busy until the Wait below
+    waited = progress.follow(comm.Ibcast(data, 0), name, 4)
+    caller = threading.Thread(target=waited.Wait)
+    caller.start()
+    caller.join(10)
+    on_its_own = not caller.is_alive()
+    release.set()
+    blocker.Wait()
+    caller.join()
+    assert on_its_own, "the caller's Wait waited for the busy progress thread"
+    assert waited.taker == "caller" and waited == MPI.REQUEST_NULL
+    together = [progress.follow(comm.Ibcast(data, 0), name, 4) for _ in range(3)]
+    MPI.Request.Waitall(together)
+    assert [request.taker for request in together] == ["thread"] * 3
+    progress.run(lambda: None, NAMES["Bcast"], 4)  # nothing pending: it runs here, not queued behind
+    assert progress._pending == 0
+    deadline = time.monotonic() + 10
+    while name.tally[1] != begun + 4 and time.monotonic() < deadline:
+        time.sleep(1e-3)  # the thread reports each call's end just after it completes its request
+    assert name.tally[0] == name.tally[1] == begun + 4
