@@ -152,11 +152,11 @@ _SIGNATURES = {
 
 def _override_factory(name, kind):
     source = _OVERRIDE.format(name=name, **_SIGNATURES[kind])
-    # Named under this module's file, its source registered where tracebacks and profiles look for it.
+    # Named under this module's file, its source registered where the traceback module and debuggers look.
     filename = f"{__file__}:<{name} override>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    scope = dict(SUM=MPI.SUM, NO_PLAN=NO_PLAN, NONE_ID=id(None), ndarray=numpy.ndarray, listeners=listeners,
-                 REJECTED=REJECTED, Stale=Stale, planned=_planned)
+    scope = dict(__name__=__name__, SUM=MPI.SUM, NO_PLAN=NO_PLAN, NONE_ID=id(None), ndarray=numpy.ndarray,
+                 listeners=listeners, REJECTED=REJECTED, Stale=Stale, planned=_planned)
     exec(compile(source, filename, "exec"), scope)
     return scope["make"]
 
