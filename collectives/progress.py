@@ -6,8 +6,8 @@ that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own
 completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
 and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) is waited
 for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
-turn; handing a call to another thread and back costs 100-200 us on a
-small VM (perf/RESULTS.md, "Nonblocking calls MPI runs, waited for by their caller"). A blocking call runs
+turn; handing a call to another thread and back costs 100-200 us on a small VM (perf/RESULTS.md,
+"Nonblocking calls MPI runs, waited for by their caller"). A blocking call runs
 right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
 pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
 runs it, when it starts running and when it has finished.
