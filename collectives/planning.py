@@ -119,7 +119,8 @@ def make(lane, comm, plans, tally, native):
             plan = lane.last = plans.get((id({buf}), {recv_id}), NO_PLAN)
         if not ({op} is plan.op and {root} == plan.root
                 and ({buf}.dtype is plan.dtype and {buf}.nbytes == plan.nbytes if type({buf}) is ndarray
-                     else type({buf}) is plan.host_kind and (plan.spec_kind is None or type({buf}[0]) is plan.spec_kind)
+                     else type({buf}) is plan.host_kind
+                          and (plan.spec_kind is None or {buf} and type({buf}[0]) is plan.spec_kind)
                      or plan.holds({buf}, {recv}, stream))):
             plan = planned(comm, lane, {buf}, {recv}, {op}, {root}, stream)
         if plan.direct and stream is None and not listeners:

@@ -114,3 +114,19 @@ def test_a_repeated_call_on_the_same_arrays_changed_in_place_is_planned_again(mo
         assert made == ["AlgorithmPlan"], made  # kept under the same two ids, in the native plan's place
     finally:
         comm.Free()
+
+
+def test_a_spec_emptied_in_place_after_its_plan_gets_the_validations_error(monkeypatch):
+    """A native Bcast's plan compares a spec's kinds inline; the same list emptied since is planned again, and
+    the full validation says what is wrong (not an IndexError from the comparison)."""
+    monkeypatch.setenv("SCAFFE_ABORT_ON_ERROR", "0")
+    comm = collectives.Comm(MPI.COMM_SELF.Dup())
+    try:
+        spec = [mmap.mmap(-1, 8), 4, MPI.BYTE]
+        comm.Bcast(spec, 0)
+        comm.Bcast(spec, 0)
+        spec.clear()
+        with pytest.raises(collectives.CollectiveError, match="a buffer spec has 2 to 4 items, got 0"):
+            comm.Bcast(spec, 0)
+    finally:
+        comm.Free()
