@@ -5,10 +5,10 @@ reduces to the root in pieces, the parameters' broadcasts back, each alone and b
 
 Run with one rank per host on the multi-host bed, R its links' rate (`jobs/cluster.sh up H --rate Rkbit`).
 Each line: the median seconds of one round (all N pieces, every request posted at once) and its efficiency,
-the busiest direction's bytes over the link's rate divided by those seconds. A host's link carries, in each
-direction, the schedule's bound (perf/cluster_sim.py): B (N x P bytes) on two hosts, 2 B from three on, where a
-host both forwards the root's broadcast and sends a reduce on; a reduce or a broadcast alone carries B where
-the hosts form a chain (pieces from 4 MiB: collectives.algorithms.hierarchical), 2 B at the root of a tree.
+the busiest direction's bytes over the link's rate divided by those seconds. With both at once the busiest
+host's link carries, in each direction, the schedule's bound (perf/cluster_sim.py): B (N x P bytes) on two
+hosts, 2 B from three on (the root of a tree, a chain's middle hosts); a reduce or a broadcast alone carries B
+where the hosts form a chain (pieces from 4 MiB: collectives.algorithms.hierarchical), 2 B at the root of a tree.
 `native` rows run MPI's own Ireduce and Ibcast on the same pieces.
 """
 import argparse
