@@ -64,8 +64,9 @@ class Progress:
         if not self.threaded:
             return native_request
         request = Request.started()
-        request.followed, request.progress = (native_request, name, nbytes), self
-        self._enqueue(lambda: waiting.wait(native_request), name, nbytes, request)
+        work = lambda: waiting.wait(native_request)  # noqa: E731
+        request.followed, request.progress = (work, name, nbytes), self
+        self._enqueue(work, name, nbytes, request)
         return request
 
     def taken(self, request, by_caller):
@@ -97,11 +98,7 @@ class Progress:
             work, name, nbytes, completion = item
             if not completion.helped(self):
                 continue  # a followed call its caller waited for itself
-            error = None
-            try:
-                reported(name, nbytes, work)
-            except BaseException as raised:  # the caller raises it where it waits for this call
-                error = raised
+            error = _ran(work, name, nbytes)
             with self._lock:
                 self._pending -= 1
             completion.finish(error)
@@ -143,7 +140,7 @@ class Request(MPI.Grequest):
     def __init__(self, request=None):  # mpi4py's __new__ takes over `request`'s handle
         self.error = None
         self._raising = False  # inside our own Wait/Test, which raise `error` themselves
-        # A followed call's (MPI request, name, nbytes) (Progress.follow), its Progress, and who waits for it.
+        # A followed call's (work, name, nbytes) (Progress.follow), its Progress, and who waits for it.
         self.followed = self.progress = self.taker = None
 
     @classmethod
@@ -168,13 +165,7 @@ class Request(MPI.Grequest):
 
     def Wait(self, status=None):
         if self.followed is not None and self.taker is None and self.progress.taken(self, by_caller=True):
-            native, name, nbytes = self.followed  # waited for here, reported as the thread would
-            error = None
-            try:
-                reported(name, nbytes, waiting.wait, native)
-            except BaseException as raised:
-                error = raised
-            self.finish(error)
+            self.finish(_ran(*self.followed))  # waited for here, reported as the thread would
         self._raising = True
         try:
             super().Wait(status)
@@ -201,6 +192,16 @@ class Request(MPI.Grequest):
         error, self.error = self.error, None
         if error is not None:
             raise error
+
+
+def _ran(work, name, nbytes):
+    """Run `work()`, reported to collectives.events; the error it raised (which its caller raises where it
+    waits for the call), or None."""
+    try:
+        reported(name, nbytes, work)
+    except BaseException as raised:
+        return raised
+    return None
 
 
 def current_device():
