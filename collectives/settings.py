@@ -29,11 +29,12 @@ SCAFFE_WAIT             spin, nap or        spin                  how a wait for
                                                                   (wait_policy; collectives.waiting)
 SCAFFE_STALL_S          seconds >= 0        60                    abort with a report when a collective has waited
                                                                   this long; 0: off (stall_seconds)
-SCAFFE_LOST_S           seconds >= 0        0                     while a collective waits, a rank of it that has
-                                                                  not answered the stall inspector for this long
-                                                                  is lost: the job ends at once, with the report;
-                                                                  0: off, only the stall limit ends it; `scaffe
-                                                                  elastic` sets 3 (lost_seconds)
+SCAFFE_LOST_S           seconds >= 0        0                     once a collective has waited this long, a rank
+                                                                  of it that leaves the stall inspector's question
+                                                                  unanswered as long again is lost: the job ends
+                                                                  at once, with the report; 0: off, only the
+                                                                  stall limit ends it; `scaffe elastic` sets 3
+                                                                  (lost_seconds)
 SCAFFE_GPU              a GPU id            local rank % GPUs     the GPU of every rank of the node (gpu)
 SCAFFE_CUDA_AWARE       0 or 1              unset: detected       whether the MPI library takes device buffers, in
                                             (algorithms.          place of the detection; 1: the leaders' device

@@ -8,10 +8,13 @@ questions; when one of its own operations has waited too long it asks the other 
 communicator for their state, gives them a few seconds to answer, prints one report on stderr and aborts
 the job. With SCAFFE_LOST_S it also asks them, while an operation waits, whether they are there: one that
 has not answered for that long (dead, frozen, or behind a link that is down) ends the job at once, long
-before the stall limit, which a live rank that is only slow to join still has. Its messages travel on its
-own duplicate of COMM_WORLD, and it only makes nonblocking MPI calls (improbe, isend, Test): a thread
-blocked in MPI could not report the very hang it is there for. Ranks are named by their rank in
-COMM_WORLD, so nothing depends on where they run.
+before the stall limit, which a live rank that is only slow to join still has. It asks only once the
+operation has waited SCAFFE_LOST_S itself: a dead rank is the launcher's to report, which it does at once, and
+MPICH over UCX crashes a rank that sends to a peer whose process has died (a segfault in MPI_Isend), which would
+have the launcher name the asking rank's host instead of the dead one's. Its messages travel on its own
+duplicate of COMM_WORLD, and it only makes nonblocking MPI calls (improbe, isend, Test): a thread blocked in MPI
+could not report the very hang it is there for. Ranks are named by their rank in COMM_WORLD, so nothing depends
+on where they run.
 """
 import atexit
 import sys
@@ -84,7 +87,7 @@ class _Inspector:
                 waited = time.perf_counter() - oldest[4]
                 if waited > self.stall_s:
                     self._report_and_abort(oldest)
-                elif self.lost_s and waited > self.period:
+                elif self.lost_s and waited > self.lost_s:
                     self._check_answering(oldest)
             else:
                 self.asked.clear()  # a question only counts while something waits for its rank
