@@ -5,6 +5,12 @@ and when it has completed. Every `Name` counts its operations (its `tally`), whi
 updates per call: the stall inspector samples those counts from its own thread. Listeners (the
 training timeline) get each start and end with its time, on the thread that runs the operation, so
 they must be quick and must not call MPI.
+
+A small nonblocking call that MPI runs goes back to its caller as MPI's own request (collectives.progress), which
+the program waits for with MPI's own calls: nothing of ours sees it end. Where the stall inspector runs, such a
+call is counted as started and kept among the `unwaited`, and the inspector's `sweep` counts it finished once
+MPI has freed its request (it then reads as null), or, before the inspector would abort for it, once MPI says
+it has completed.
 """
 import contextlib
 import itertools
@@ -17,6 +23,9 @@ listeners = []
 _ids = itertools.count(1)
 _context = threading.local()  # .label: what the collectives this thread starts now carry
 _names = []  # every Name with a tally of its own (a few per communicator set up)
+# Calls whose request went back to the caller as MPI's own: key -> (Name, request); None where nobody sweeps them.
+_unwaited = None
+_unwaited_kept = [0]  # how many the last sweep kept: a caller sweeps them itself when they have doubled since
 
 
 class Name(str):
@@ -106,3 +115,47 @@ def reported(name, nbytes, work, *args):
         return work(*args)
     finally:
         finished(name, op_id)
+
+
+def sweep_unwaited():
+    """From now on, calls handed back as MPI's own requests are counted, and `sweep` finishes them (the stall
+    inspector calls it when it starts)."""
+    global _unwaited
+    if _unwaited is None:
+        _unwaited = {}
+
+
+def started_unwaited(name, nbytes, request):
+    """Collective `name` on `nbytes` bytes, started as MPI's own `request`, which goes back to the caller as it is.
+    Counted only where someone sweeps; a caller that keeps posting and never lets the sweep run (an inspector
+    polls once a second) sweeps each time the calls kept have doubled, so that they stay few."""
+    if _unwaited is None:
+        return
+    started(name, nbytes)
+    _unwaited[next(_ids)] = (name, request)
+    if len(_unwaited) > max(64, 2 * _unwaited_kept[0]):
+        sweep()
+
+
+def sweep(probe=False):
+    """Counts finished each unwaited call whose request MPI has freed or, with `probe`, completed
+    (MPI_Request_get_status, which frees nothing); returns how many. Threads may sweep at once: the one that
+    takes a call off the list counts it."""
+    if not _unwaited:
+        return 0
+    done = 0
+    for key, (name, request) in list(_unwaited.items()):
+        if request and not (probe and _completed(request)):
+            continue
+        if _unwaited.pop(key, None) is not None:
+            finished(name, None)
+            done += 1
+    _unwaited_kept[0] = len(_unwaited)
+    return done
+
+
+def _completed(request):
+    try:
+        return request.Get_status()
+    except Exception:  # an error it completed with is the waiter's to raise
+        return True

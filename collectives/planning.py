@@ -21,7 +21,7 @@ from collectives.buffers import named_stream, parse, writable
 from collectives.call import Call
 from collectives.devices.memory import Staging, synchronize
 from collectives.errors import CollectiveError, MismatchError
-from collectives.events import listeners, reported
+from collectives.events import listeners, reported, started_unwaited
 from collectives.ops import computes, native_reduces, op_name, supports
 from collectives.plans import (REJECTED, AlgorithmPlan, DevicePlan, NativePlan, Stale, StagedNativePlan, Trial,
                                WorkPlan, call_args, fitting_recv)
@@ -109,8 +109,7 @@ NO_PLAN = _NoPlan()
 # call cannot afford a frame more to adapt them (perf/RESULTS.md, "One frame for a repeated call").
 # A call finds its plan by its buffers' ids (the lane's last plan, else its dictionary), compares the rest
 # of its signature inline for a plain array or where the kinds of objects alone decide (a native Bcast's),
-# else by `holds`, and runs it; a blocking native plan's MPI call is made here, collectives.events.started
-# and finished inline.
+# else by `holds`, and runs it; a direct native plan's MPI call is made here (`_DIRECT`).
 _OVERRIDE = """
 def make(lane, comm, plans, tally, native):
     def {name}({params}, stream=None):
@@ -123,7 +122,16 @@ def make(lane, comm, plans, tally, native):
                           and (plan.spec_kind is None or {buf} and type({buf}[0]) is plan.spec_kind)
                      or plan.holds({buf}, {recv}, stream))):
             plan = planned(comm, lane, {buf}, {recv}, {op}, {root}, stream)
-        if plan.direct and stream is None and not listeners:
+        if plan.direct and stream is None and not listeners:{direct}
+        try:
+            return plan.run(comm, {buf}, {recv}, {op}, {root}, stream)
+        except Stale:
+            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
+    return {name}
+"""
+# A direct call on a blocking lane, counted started and finished around it; on a nonblocking one, MPI's own request
+# handed back as it is (collectives.progress.handed_back), counted finished when the stall inspector sees it freed.
+_DIRECT = {True: """
             tally[0] += 1
             tally[2] = plan.nbytes
             try:
@@ -132,13 +140,14 @@ def make(lane, comm, plans, tally, native):
                 pass  # what changed is found by the full validation, once this call is counted finished
             finally:
                 tally[1] += 1
-            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
-        try:
-            return plan.run(comm, {buf}, {recv}, {op}, {root}, stream)
-        except Stale:
-            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
-    return {name}
-"""
+            return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)""",
+           False: """
+            try:
+                request = native(comm, {native_args})
+            except REJECTED:
+                return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
+            started_unwaited(lane.event_name, plan.nbytes, request)
+            return request"""}
 # Each wrapped method's parameters (before `stream`), and its buffer, receive buffer, op and root as the
 # body names them.
 _SIGNATURES = {
@@ -152,12 +161,14 @@ _SIGNATURES = {
 
 
 def _override_factory(name, kind):
-    source = _OVERRIDE.format(name=name, **_SIGNATURES[kind])
+    signature = _SIGNATURES[kind]
+    direct = _DIRECT[not name.startswith("I")].format(**signature)
+    source = _OVERRIDE.format(name=name, direct=direct, **signature)
     # Named under this module's file, its source registered where the traceback module and debuggers look.
     filename = f"{__file__}:<{name} override>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = dict(__name__=__name__, SUM=MPI.SUM, NO_PLAN=NO_PLAN, NONE_ID=id(None), ndarray=numpy.ndarray,
-                 listeners=listeners, REJECTED=REJECTED, Stale=Stale, planned=_planned)
+                 listeners=listeners, REJECTED=REJECTED, Stale=Stale, planned=_planned, started_unwaited=started_unwaited)
     exec(compile(source, filename, "exec"), scope)
     return scope["make"]
 

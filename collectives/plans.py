@@ -23,6 +23,7 @@ from collectives import devices, waiting
 from collectives.call import Call
 from collectives.devices.memory import synchronize
 from collectives.events import reported, with_label
+from collectives.progress import handed_back
 
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
 REJECTED = (BufferError, ValueError)
@@ -118,7 +119,9 @@ class Plan:
     __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place", "send_id", "recv_id",
                  "host_kind", "spec_kind")
     kept = True
-    direct = False  # whether the lane's override may make the wrapped MPI's call itself (NativePlan's on a blocking lane)
+    # Whether the lane's override may make the wrapped MPI's call itself: a NativePlan's on a blocking lane, and on a
+    # nonblocking one where its request goes back to the caller as MPI's own (collectives.progress.handed_back).
+    direct = False
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         self.lane, self.op, self.root, self.nbytes = lane, op, root, nbytes
@@ -153,7 +156,7 @@ class NativePlan(Plan):
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
-        self.direct = lane.blocking
+        self.direct = lane.blocking or handed_back(self.nbytes)
         self.kinds = host_kinds(recvbuf if self.in_place else buf) if lane.native_below == float("inf") else None
         if self.kinds is not None and not self.in_place:  # the kinds as the lane's override compares them inline
             self.host_kind, self.spec_kind = self.kinds if type(self.kinds) is tuple else (self.kinds, None)

@@ -4,11 +4,11 @@ Every rank executes its collectives in the order it called them, which MPI requi
 FIFO thread per communicator keeps all ranks in step. A nonblocking call returns an `MPI.Grequest`
 that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own; work that raises
 completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
-and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) is waited
-for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
-turn; handing a call to another thread and back costs 100-200 us on a small VM (perf/RESULTS.md,
-"Nonblocking calls MPI runs, waited for by their caller"). A blocking call runs
-right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
+and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) returns
+MPI's own request when it is small (DIRECT_BYTES); a larger one is waited for by whichever comes first: the
+caller's own `Wait`, in the caller's thread, or the helper thread in turn; handing a call to another thread
+and back costs 100-200 us on a small VM (perf/RESULTS.md, "Nonblocking calls MPI runs, waited for by their
+caller"). A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
 pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
 runs it, when it starts running and when it has finished.
 
@@ -23,7 +23,19 @@ import threading
 from mpi4py import MPI
 
 from collectives import waiting
-from collectives.events import reported
+from collectives.events import listeners, reported, started_unwaited
+
+# The largest nonblocking call MPI runs that goes back to its caller as MPI's own request: waited for by the
+# caller's own MPI calls, it costs what MPI's does (a generalized request and a helper thread's wake-up cost
+# 40-120 us a call on a small VM: perf/RESULTS.md, "Small nonblocking calls: MPI's own request"). A larger one
+# is waited for by the helper thread, whose waits move MPI's schedule while the caller computes.
+DIRECT_BYTES = 64 << 10
+
+
+def handed_back(nbytes):
+    """Whether a nonblocking call MPI runs on `nbytes` goes back to its caller as MPI's own request (where no
+    listener waits to hear of its end)."""
+    return nbytes <= DIRECT_BYTES
 
 
 class Progress:
@@ -60,8 +72,12 @@ class Progress:
     def follow(self, native_request, name, nbytes):
         """A request that completes with `native_request` (an MPI I* call already started), waited for
         and reported by the caller's own `Wait`, or by the thread in turn (a caller blocked in Waitall
-        on it is then seen by the stall inspector). Without a thread it is `native_request` itself."""
+        on it is then seen by the stall inspector). Without a thread, and for a small call nobody listens
+        to, it is `native_request` itself (see DIRECT_BYTES)."""
         if not self.threaded:
+            return native_request
+        if handed_back(nbytes) and not listeners:
+            started_unwaited(name, nbytes, native_request)
             return native_request
         request = Request.started()
         work = lambda: waiting.wait(native_request)  # noqa: E731

@@ -73,6 +73,7 @@ class _Inspector:
         self.states = {}  # rank -> its last answer
         self.sends = []  # our questions and answers still on their way
         self._stop = threading.Event()
+        events.sweep_unwaited()
         self._thread = threading.Thread(target=self._watch, name="scaffe-stall", daemon=True)
         self._thread.start()
         atexit.register(self.stop)  # before mpi4py's MPI_Finalize, which the thread must not outlive
@@ -81,12 +82,15 @@ class _Inspector:
     def _watch(self):
         while not self._stop.wait(self.period):
             self._answer()
+            events.sweep()
             in_flight = self._in_flight()
             if in_flight:
                 oldest = min(in_flight, key=lambda op: op[4])
                 waited = time.perf_counter() - oldest[4]
                 if waited > self.stall_s:
-                    self._report_and_abort(oldest)
+                    # A call handed back as MPI's own request may have completed unwaited: looked at next poll.
+                    if not events.sweep(probe=True):
+                        self._report_and_abort(oldest)
                 elif self.lost_s and waited > self.lost_s:
                     self._check_answering(oldest)
             else:

@@ -5,8 +5,9 @@ import time
 import pytest
 from mpi4py import MPI
 
+from collectives import events
 from collectives.events import Name
-from collectives.progress import Progress
+from collectives.progress import DIRECT_BYTES, Progress
 
 NAMES = {name: Name(name, comm=0) for name in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")}
 
@@ -68,16 +69,17 @@ def test_waitall_reports_a_failed_call_as_an_mpi_error(progress):
 
 
 def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progress):
-    """A nonblocking call MPI runs (`follow`): the caller's Wait waits for it in its own thread (no hand-off to
-    the progress thread and back), a C-level Waitall has the thread wait for it; each call is reported once,
-    and a blocking call after them runs at once."""
+    """A nonblocking call MPI runs (`follow`) above DIRECT_BYTES: the caller's Wait waits for it in its own
+    thread (no hand-off to the progress thread and back), a C-level Waitall has the thread wait for it; each
+    call is reported once, and a blocking call after them runs at once."""
     name = NAMES["Ibcast"]
     comm = MPI.COMM_SELF
-    data = bytearray(b"abcd")
+    data = bytearray(DIRECT_BYTES + 1)
+    size = len(data)
     begun = name.tally[0]
     release = threading.Event()
     blocker = progress.submit(release.wait, NAMES["Iallreduce"], 8)  # the thread is busy until the Wait below
-    waited = progress.follow(comm.Ibcast(data, 0), name, 4)
+    waited = progress.follow(comm.Ibcast(data, 0), name, size)
     caller = threading.Thread(target=waited.Wait)
     caller.start()
     caller.join(10)
@@ -87,7 +89,7 @@ def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progr
     caller.join()
     assert on_its_own, "the caller's Wait waited for the busy progress thread"
     assert waited.taker == "caller" and waited == MPI.REQUEST_NULL
-    together = [progress.follow(comm.Ibcast(data, 0), name, 4) for _ in range(3)]
+    together = [progress.follow(comm.Ibcast(data, 0), name, size) for _ in range(3)]
     MPI.Request.Waitall(together)
     assert [request.taker for request in together] == ["thread"] * 3
     progress.run(lambda: None, NAMES["Bcast"], 4)  # nothing pending: it runs here, not queued behind
@@ -96,3 +98,28 @@ def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progr
     while name.tally[1] != begun + 4 and time.monotonic() < deadline:
         time.sleep(1e-3)  # the thread reports each call's end just after it completes its request
     assert name.tally[0] == name.tally[1] == begun + 4
+
+
+def test_a_small_followed_call_is_mpis_own_request_counted_until_freed_or_completed(progress, monkeypatch):
+    """At or below DIRECT_BYTES `follow` hands MPI's own request back: no helper thread, no generalized request.
+    Where the stall inspector sweeps, the call counts as started until a sweep finds its request freed, or,
+    probing, completed; without a sweep it is not counted at all."""
+    name = NAMES["Ibcast"]
+    comm = MPI.COMM_SELF
+    data = bytearray(DIRECT_BYTES)
+    monkeypatch.setattr(events, "_unwaited", None)
+    begun = name.tally[0]
+    request = progress.follow(comm.Ibcast(data, 0), name, len(data))
+    assert type(request) is MPI.Request and progress._thread is None
+    request.Wait()
+    assert name.tally[0] == name.tally[1] == begun  # nobody sweeps: not counted
+
+    monkeypatch.setattr(events, "_unwaited", {})
+    freed = progress.follow(comm.Ibcast(data, 0), name, len(data))
+    unwaited = progress.follow(comm.Ibcast(data, 0), name, len(data))
+    assert name.tally[0] - name.tally[1] == 2 and events.sweep() == 0
+    MPI.Request.Waitall([freed])
+    assert events.sweep() == 1 and name.tally[0] - name.tally[1] == 1
+    assert events.sweep(probe=True) == 1 and name.tally[0] == name.tally[1]  # completed, not yet waited for
+    unwaited.Wait()
+    assert events.sweep() == 0 and name.tally[0] == name.tally[1] == begun + 2 and progress._thread is None

@@ -87,6 +87,13 @@ def test_slow_rank_within_the_limit_does_not_abort():
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
+def test_small_requests_left_unwaited_past_the_limit_do_not_abort():
+    """A small Ireduce and Ibcast are MPI's own requests, complete long before the program waits for them, 2 s
+    past the stall limit: the inspector asks MPI whether they completed before it would abort."""
+    job = run_ok(3, "stall.py", str(STALL_S + 2), "unwaited", timeout=60, env={"SCAFFE_STALL_S": STALL_S})
+    assert "stall inspector running: True" in job.stdout, job.report()
+
+
 def test_zero_turns_the_inspector_off(jobs):
     job = require_ok(jobs["inspector off"])
     assert "stall inspector running: False" in job.stdout, job.report()

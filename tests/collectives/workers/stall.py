@@ -6,9 +6,11 @@ ACTION: stop (the last rank SIGSTOPs itself), kill (SIGKILLs itself), or a numbe
 PLACE: where in the fourth iteration it does so: before the small blocking Allreduce ("small"), before the
 large one, which our algorithms run ("large"), or before the small Ireduce and Ibcast that every rank waits
 for with Waitall ("nonblocking"). Each iteration makes 2 Allreduces, 1 Ireduce and 1 Ibcast, so in the
-fourth the small Allreduce is #7, the large one #8, the Ireduce and Ibcast #4 each.
+fourth the small Allreduce is #7, the large one #8, the Ireduce and Ibcast #4 each. PLACE "unwaited": in the
+fourth iteration every rank starts the small Ireduce and Ibcast and sleeps ACTION seconds before it waits for them
+(MPI's own requests, which nothing of ours sees complete until then).
 A frozen or dead rank must end the job (the stall inspector, or the launcher); with a rank that is only
-slow the job finishes, and rank 0 says whether the stall inspector's thread ran.
+slow, or requests left unwaited, the job finishes, and rank 0 says whether the stall inspector's thread ran.
 """
 import os
 import signal
@@ -47,8 +49,10 @@ def main():
             if step == "nonblocking":
                 part = numpy.full(SMALL, rank + iteration, dtype=numpy.int64)
                 total, news = numpy.zeros(SMALL, dtype=numpy.int64), part.copy()
-                MPI.Request.Waitall([comm.Ireduce(part, total, op=MPI.SUM, root=0),
-                                     comm.Ibcast(news, root=1 % size)])
+                requests = [comm.Ireduce(part, total, op=MPI.SUM, root=0), comm.Ibcast(news, root=1 % size)]
+                if iteration == STALLED_ITERATION and place == "unwaited":
+                    time.sleep(float(action))
+                MPI.Request.Waitall(requests)
                 if rank == 0:
                     w.check(total, numpy.full(SMALL, (everyone + iteration).sum(), dtype=numpy.int64), "Ireduce")
                 w.check(news, numpy.full(SMALL, 1 % size + iteration, dtype=numpy.int64), "Ibcast")
