@@ -25,10 +25,10 @@ from mpi4py import MPI
 from collectives import waiting
 from collectives.events import listeners, reported, started_unwaited
 
-# The largest nonblocking call MPI runs that goes back to its caller as MPI's own request: waited for by the
-# caller's own MPI calls, it costs what MPI's does (a generalized request and a helper thread's wake-up cost
-# 40-120 us a call on a small VM: perf/RESULTS.md, "Small nonblocking calls: MPI's own request"). A larger one
-# is waited for by the helper thread, whose waits move MPI's schedule while the caller computes.
+# The largest nonblocking call MPI runs that goes back to its caller as MPI's own request, waited for by the
+# caller's own MPI calls: a generalized request and a helper thread's wake-up cost 40-120 us a call on a small VM
+# (perf/RESULTS.md, "Small nonblocking calls: MPI's own request"). A larger one is waited for by the helper
+# thread, whose waits move MPI's schedule while the caller computes.
 DIRECT_BYTES = 64 << 10
 
 
