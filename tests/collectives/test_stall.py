@@ -27,13 +27,14 @@ def test_every_collective_is_reported_to_events():
     run_ok(2, "events.py", timeout=60)
 
 
-# The jobs that a frozen or dead rank must end, and two of ranks that are slow but answer, which must end
-# well: name -> (ranks, stall.py's action and place, settings).
+# The jobs that a frozen or dead rank must end, and two of ranks that are slow but answer and one that leaves
+# requests unwaited, which must end well: name -> (ranks, stall.py's action and place, settings).
 JOBS = {**{place: (3, "stop", place, {"SCAFFE_STALL_S": STALL_S, "SCAFFE_RANKS_PER_NODE": per_node})
            for place, (per_node, _) in FROZEN.items()},
         "lost": (3, "stop", "small", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
         "killed": (4, "kill", "large", {"SCAFFE_STALL_S": 60}),
         "answers late": (3, "5", "large", {"SCAFFE_STALL_S": 60, "SCAFFE_LOST_S": 2}),
+        "unwaited": (3, str(STALL_S + 2), "unwaited", {"SCAFFE_STALL_S": STALL_S}),
         "inspector off": (3, "1", "small", {"SCAFFE_STALL_S": 0})}  # a limit of 0 s would trip at once
 
 
@@ -87,10 +88,10 @@ def test_slow_rank_within_the_limit_does_not_abort():
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
-def test_small_requests_left_unwaited_past_the_limit_do_not_abort():
+def test_small_requests_left_unwaited_past_the_limit_do_not_abort(jobs):
     """A small Ireduce and Ibcast are MPI's own requests, complete long before the program waits for them, 2 s
     past the stall limit: the inspector asks MPI whether they completed before it would abort."""
-    job = run_ok(3, "stall.py", str(STALL_S + 2), "unwaited", timeout=60, env={"SCAFFE_STALL_S": STALL_S})
+    job = require_ok(jobs["unwaited"])
     assert "stall inspector running: True" in job.stdout, job.report()
 
 
