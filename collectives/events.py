@@ -23,9 +23,11 @@ listeners = []
 _ids = itertools.count(1)
 _context = threading.local()  # .label: what the collectives this thread starts now carry
 _names = []  # every Name with a tally of its own (a few per communicator set up)
-# Calls whose request went back to the caller as MPI's own: key -> (Name, request); None where nobody sweeps them.
+# Calls whose request went back to the caller as MPI's own, (Name, request) in the order they started; None where
+# nobody sweeps them. Callers append; one sweep at a time replaces the entries it took with those it keeps.
 _unwaited = None
-_unwaited_kept = [0]  # how many the last sweep kept: a caller sweeps them itself when they have doubled since
+_unwaited_limit = [64]  # a caller sweeps when there are more: twice what the last sweep kept, at least 64
+_sweeping = threading.Lock()
 
 
 class Name(str):
@@ -122,36 +124,40 @@ def sweep_unwaited():
     inspector calls it when it starts)."""
     global _unwaited
     if _unwaited is None:
-        _unwaited = {}
+        _unwaited = []
 
 
 def started_unwaited(name, nbytes, request):
     """Collective `name` on `nbytes` bytes, started as MPI's own `request`, which goes back to the caller as it is.
-    Counted only where someone sweeps; a caller that keeps posting and never lets the sweep run (an inspector
-    polls once a second) sweeps each time the calls kept have doubled, so that they stay few."""
-    if _unwaited is None:
+    Counted only where someone sweeps; a caller that keeps posting sweeps them itself each time they have
+    doubled, so that they stay few between the inspector's polls."""
+    unwaited = _unwaited
+    if unwaited is None:
         return
-    started(name, nbytes)
-    _unwaited[next(_ids)] = (name, request)
-    if len(_unwaited) > max(64, 2 * _unwaited_kept[0]):
+    tally = name.tally
+    tally[0] += 1
+    tally[2] = nbytes
+    unwaited.append((name, request))
+    if len(unwaited) > _unwaited_limit[0]:
         sweep()
 
 
 def sweep(probe=False):
-    """Counts finished each unwaited call whose request MPI has freed or, with `probe`, completed
-    (MPI_Request_get_status, which frees nothing); returns how many. Threads may sweep at once: the one that
-    takes a call off the list counts it."""
-    if not _unwaited:
+    """Counts finished each unwaited call whose request MPI has freed (it reads as null) or, with `probe`,
+    completed (MPI_Request_get_status, which frees nothing); returns how many."""
+    unwaited = _unwaited
+    if not unwaited:
         return 0
-    done = 0
-    for key, (name, request) in list(_unwaited.items()):
-        if request and not (probe and _completed(request)):
-            continue
-        if _unwaited.pop(key, None) is not None:
-            finished(name, None)
-            done += 1
-    _unwaited_kept[0] = len(_unwaited)
-    return done
+    kept, done = [], []
+    with _sweeping:
+        taken = unwaited[:]  # calls started meanwhile are appended after these, and stay
+        for entry in taken:  # one look at each request: another thread may be freeing it now
+            (kept if entry[1] and not (probe and _completed(entry[1])) else done).append(entry)
+        unwaited[:len(taken)] = kept
+        _unwaited_limit[0] = max(64, 2 * len(kept))
+    for name, _ in done:
+        name.tally[1] += 1
+    return len(done)
 
 
 def _completed(request):

@@ -114,7 +114,7 @@ def test_a_small_followed_call_is_mpis_own_request_counted_until_freed_or_comple
     request.Wait()
     assert name.tally[0] == name.tally[1] == begun  # nobody sweeps: not counted
 
-    monkeypatch.setattr(events, "_unwaited", {})
+    monkeypatch.setattr(events, "_unwaited", [])
     freed = progress.follow(comm.Ibcast(data, 0), name, len(data))
     unwaited = progress.follow(comm.Ibcast(data, 0), name, len(data))
     assert name.tally[0] - name.tally[1] == 2 and events.sweep() == 0
