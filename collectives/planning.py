@@ -36,6 +36,11 @@ TRIAL_SPAN = 8
 _PATHS = ("host", "direct")
 
 
+def blocking(method):
+    """Whether the wrapped MPI method named `method` blocks (Reduce; not Ireduce)."""
+    return not method.startswith("I")
+
+
 class Lane:
     """One override on one communicator: its kind, the wrapped MPI's method it stands in for (`native`),
     its event name, whether it blocks, and the plans of the calls it has met (`plans`, by the ids of the
@@ -53,7 +58,7 @@ class Lane:
     def __init__(self, kind, native, event_name, keeps, several_nodes, rank, size, native_pairs, computed_pairs):
         self.kind, self.native, self.event_name, self.keeps = kind, native, event_name, keeps
         self.tally = event_name.tally
-        self.blocking = not native.__name__.startswith("I")
+        self.blocking = blocking(native.__name__)
         self.plans = {}
         self.last = NO_PLAN
         native_below = algorithms.threshold(kind, several_nodes, nonblocking=not self.blocking)
@@ -162,13 +167,14 @@ _SIGNATURES = {
 
 def _override_factory(name, kind):
     signature = _SIGNATURES[kind]
-    direct = _DIRECT[not name.startswith("I")].format(**signature)
+    direct = _DIRECT[blocking(name)].format(**signature)
     source = _OVERRIDE.format(name=name, direct=direct, **signature)
     # Named under this module's file, its source registered where the traceback module and debuggers look.
     filename = f"{__file__}:<{name} override>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     scope = dict(__name__=__name__, SUM=MPI.SUM, NO_PLAN=NO_PLAN, NONE_ID=id(None), ndarray=numpy.ndarray,
-                 listeners=listeners, REJECTED=REJECTED, Stale=Stale, planned=_planned, started_unwaited=started_unwaited)
+                 listeners=listeners, REJECTED=REJECTED, Stale=Stale, planned=_planned,
+                 started_unwaited=started_unwaited)
     exec(compile(source, filename, "exec"), scope)
     return scope["make"]
 

@@ -8,9 +8,9 @@ and the thread goes on with the next call. A nonblocking call that MPI runs itse
 MPI's own request when it is small (DIRECT_BYTES); a larger one is waited for by whichever comes first: the
 caller's own `Wait`, in the caller's thread, or the helper thread in turn; handing a call to another thread
 and back costs 100-200 us on a small VM (perf/RESULTS.md, "Nonblocking calls MPI runs, waited for by their
-caller"). A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency), else it queues behind the
-pending nonblocking ones and waits. Each call is reported to `collectives.events` from the thread that
-runs it, when it starts running and when it has finished.
+caller"). A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency),
+else it queues behind the pending nonblocking ones and waits. Each call is reported to
+`collectives.events` from the thread that runs it, when it starts running and when it has finished.
 
 The helper thread works on the GPU of the thread that started it (`current_device`): a new thread has
 no current device, and CUDA would give it GPU 0's context, another rank's GPU on a multi-GPU host.
