@@ -123,3 +123,44 @@ def test_a_small_followed_call_is_mpis_own_request_counted_until_freed_or_comple
     assert events.sweep(probe=True) == 1 and name.tally[0] == name.tally[1]  # completed, not yet waited for
     unwaited.Wait()
     assert events.sweep() == 0 and name.tally[0] == name.tally[1] == begun + 2 and progress._thread is None
+
+
+def test_unwaited_calls_are_counted_once_while_threads_post_and_sweep(monkeypatch):
+    """Callers posting (and sweeping when the list has doubled) while another thread sweeps, as the stall
+    inspector does: every call is counted finished exactly once, and none while its request is pending."""
+    name = Name("Ibcast", comm=0)
+    monkeypatch.setattr(events, "_unwaited", [])
+    data = bytearray(8)
+    stop = threading.Event()
+
+    def inspector():
+        while not stop.is_set():
+            events.sweep()
+
+    def caller(held, comm):  # a communicator of its own: one thread's collectives on it, in order
+        for i in range(3000):
+            request = comm.Ibcast(data, 0)
+            events.started_unwaited(name, len(data), request)
+            if i % 100 == 0:
+                held.append(request)  # waited for at the end
+            else:
+                request.Wait()
+
+    sweeper = threading.Thread(target=inspector)
+    sweeper.start()
+    helds = [[], []]
+    comms = [MPI.COMM_SELF.Dup() for _ in helds]
+    callers = [threading.Thread(target=caller, args=(held, comm)) for held, comm in zip(helds, comms)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    stop.set()
+    sweeper.join()
+    events.sweep()
+    assert name.tally[0] == 6000 and name.tally[1] == 6000 - 60  # the held ones are pending
+    for held in helds:
+        MPI.Request.Waitall(held)
+    assert events.sweep() == 60 and name.tally[1] == 6000 and events._unwaited == []
+    for comm in comms:
+        comm.Free()
