@@ -36,10 +36,10 @@ class Comm(MPI.Intracomm):
     """Drop-in for an mpi4py intracommunicator with faster Reduce, Allreduce, Bcast and their I* forms.
 
     The first collective call (or `alloc`) sets up the topology and shared memory; it is collective,
-    like every call that uses it. Nonblocking calls run in order on one helper thread (progress does
-    not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
+    like every call that uses it. Nonblocking calls our algorithms run go in order to one helper thread
+    (progress does not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
     `MPI.Request.Waitall` work as with any MPI request; `Wait` and `Test` raise the error of a call that
-    failed (collectives.progress), and later calls still run. Making one installs the abort hook
+    failed (collectives.progress), and later calls still run. Those MPI runs return MPI's own request. Making one installs the abort hook
     (`collectives.install_abort_hook`) unless SCAFFE_ABORT_ON_ERROR=0.
     """
 
@@ -80,7 +80,7 @@ class Comm(MPI.Intracomm):
         # the user forced one.
         self.measured = self.forced is None and settings.choice() == "measured"
         self.trials = {}  # (kind, op handle, dtype, size) -> its Trial
-        self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+        self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE, probed=self.private)
         index = next(_set_ups)
         self.signature_check = Name("Signature check", index)
         rank, size, native_pairs, computed_pairs = self.Get_rank(), self.Get_size(), {}, {}

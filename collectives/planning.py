@@ -135,7 +135,8 @@ def make(lane, comm, plans, tally, native):
     return {name}
 """
 # A direct call on a blocking lane, counted started and finished around it; on a nonblocking one, MPI's own request
-# handed back as it is (collectives.progress.handed_back), counted finished when the stall inspector sees it freed.
+# handed back as it is, counted finished when the stall inspector sees it freed (collectives.events), a large one
+# nudged while outstanding (collectives.progress).
 _DIRECT = {True: """
             tally[0] += 1
             tally[2] = plan.nbytes
@@ -152,6 +153,8 @@ _DIRECT = {True: """
             except REJECTED:
                 return lane.replanned(comm, {buf}, {recv}, {op}, {root}, stream)
             started_unwaited(lane.event_name, plan.nbytes, request)
+            if plan.nudged:
+                comm.progress.nudge(request)
             return request"""}
 # Each wrapped method's parameters (before `stream`), and its buffer, receive buffer, op and root as the
 # body names them.

@@ -23,7 +23,7 @@ from collectives import devices, waiting
 from collectives.call import Call
 from collectives.devices.memory import synchronize
 from collectives.events import reported, with_label
-from collectives.progress import handed_back
+from collectives.progress import nudged
 
 # What mpi4py raises on arguments it rejects before calling MPI (a read-only or resized buffer, say).
 REJECTED = (BufferError, ValueError)
@@ -119,8 +119,7 @@ class Plan:
     __slots__ = ("lane", "op", "root", "dtype", "nbytes", "signature", "in_place", "send_id", "recv_id",
                  "host_kind", "spec_kind")
     kept = True
-    # Whether the lane's override may make the wrapped MPI's call itself: a NativePlan's on a blocking lane, and on a
-    # nonblocking one where its request goes back to the caller as MPI's own (collectives.progress.handed_back).
+    # Whether the lane's override may make the wrapped MPI's call itself (a NativePlan's).
     direct = False
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
@@ -152,11 +151,12 @@ class NativePlan(Plan):
     algorithm), the path depends only on the buffer living on the host: the plan then compares the kinds
     of objects alone (`kinds`, from host_kinds), which costs a repeat far less than a signature."""
 
-    __slots__ = ("kinds", "direct")
+    __slots__ = ("kinds", "nudged")  # nudged: the request of a nonblocking call is (collectives.progress.nudged)
+    direct = True
 
     def __init__(self, lane, buf, recvbuf, op, root, nbytes):
         super().__init__(lane, buf, recvbuf, op, root, nbytes)
-        self.direct = lane.blocking or handed_back(self.nbytes)
+        self.nudged = not lane.blocking and nudged(self.nbytes)
         self.kinds = host_kinds(recvbuf if self.in_place else buf) if lane.native_below == float("inf") else None
         if self.kinds is not None and not self.in_place:  # the kinds as the lane's override compares them inline
             self.host_kind, self.spec_kind = self.kinds if type(self.kinds) is tuple else (self.kinds, None)
@@ -175,7 +175,7 @@ class NativePlan(Plan):
             if not lane.blocking:
                 request = native(comm, *native_args(kind, buf, recvbuf, op, root))
                 return comm.progress.follow(request, with_label(lane.event_name), self.nbytes)
-            # The lane's override makes a call without a stream or listeners itself; this is every other blocking one.
+            # The lane's override makes a call without a stream or listeners itself; this is every other one.
             return reported(with_label(lane.event_name), self.nbytes, native, comm,
                             *native_args(kind, buf, recvbuf, op, root))
         except REJECTED as error:

@@ -5,42 +5,54 @@ FIFO thread per communicator keeps all ranks in step. A nonblocking call returns
 that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own; work that raises
 completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
 and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) returns
-MPI's own request when it is small (DIRECT_BYTES); a larger one is waited for by whichever comes first: the
-caller's own `Wait`, in the caller's thread, or the helper thread in turn; handing a call to another thread
-and back costs 100-200 us on a small VM (perf/RESULTS.md, "Nonblocking calls MPI runs, waited for by their
-caller"). A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency),
+MPI's own request: handing a call to another thread and back costs 40-200 us on a small VM (perf/RESULTS.md,
+"Small nonblocking calls: MPI's own request", "Large nonblocking calls: MPI's own request, nudged"). MPI moves
+a large one only inside MPI calls, so while one is outstanding the process's `Nudge` thread probes MPI now and
+then, and the transfer goes on while the caller computes. Only where event listeners must hear its end is it
+waited for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
+turn. A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency),
 else it queues behind the pending nonblocking ones and waits. Each call is reported to
 `collectives.events` from the thread that runs it, when it starts running and when it has finished.
 
 The helper thread works on the GPU of the thread that started it (`current_device`): a new thread has
 no current device, and CUDA would give it GPU 0's context, another rank's GPU on a multi-GPU host.
 """
+import atexit
 import os
 import queue
 import sys
 import threading
+import time
 
 from mpi4py import MPI
 
 from collectives import waiting
 from collectives.events import listeners, reported, started_unwaited
 
-# The largest nonblocking call MPI runs that goes back to its caller as MPI's own request, waited for by the
-# caller's own MPI calls: a generalized request and a helper thread's wake-up cost 40-120 us a call on a small VM
-# (perf/RESULTS.md, "Small nonblocking calls: MPI's own request"). A larger one is waited for by the helper
-# thread, whose waits move MPI's schedule while the caller computes.
-DIRECT_BYTES = 64 << 10
+# Above this, a nonblocking call MPI runs is nudged (Nudge) until its caller has waited for it; a smaller one
+# takes MPI less time than the Nudge takes to look (about 17 us at 64 KiB, 2 ranks on a small VM).
+NUDGED_ABOVE = 64 << 10
+# How often the Nudge thread looks at the requests it watches (a wake-up takes a core from the ranks on a
+# small host), and how often it probes MPI while one has stayed outstanding for a whole look. It goes on looking
+# for NUDGE_IDLE_LOOKS looks after the last was freed: a caller posting again in that time need not wake it, which
+# cost 5-10 us a call of 128 KiB-2 MiB in a loop (perf/RESULTS.md, "Large nonblocking calls: MPI's own request,
+# nudged").
+NUDGE_LOOK_S = 1e-3
+NUDGE_PROBE_S = 50e-6
+NUDGE_IDLE_LOOKS = 20
+NUDGE_TAG = 32766  # a tag nobody sends on a probed communicator (every MPI allows tags up to 32767)
 
 
-def handed_back(nbytes):
-    """Whether a nonblocking call MPI runs on `nbytes` goes back to its caller as MPI's own request (where no
-    listener waits to hear of its end)."""
-    return nbytes <= DIRECT_BYTES
+def nudged(nbytes):
+    """Whether a nonblocking call MPI runs on `nbytes` is nudged while outstanding (Progress.nudge)."""
+    return nbytes > NUDGED_ABOVE
 
 
 class Progress:
-    def __init__(self, threaded=True):
+    def __init__(self, threaded=True, probed=None):
+        """`probed`: a communicator private to this one that `Nudge` may probe (needed where `threaded`)."""
         self.threaded = threaded
+        self.probed = probed
         self._queue = queue.Queue()
         self._pending = 0
         self._lock = threading.Lock()  # guards _pending
@@ -70,20 +82,25 @@ class Progress:
         return request
 
     def follow(self, native_request, name, nbytes):
-        """A request that completes with `native_request` (an MPI I* call already started), waited for
-        and reported by the caller's own `Wait`, or by the thread in turn (a caller blocked in Waitall
-        on it is then seen by the stall inspector). Without a thread, and for a small call nobody listens
-        to, it is `native_request` itself (see DIRECT_BYTES)."""
-        if not self.threaded:
-            return native_request
-        if handed_back(nbytes) and not listeners:
+        """The request a nonblocking call MPI runs (`native_request`, already started) returns: itself, nudged
+        while it is large and outstanding, unless listeners must hear its end; then one that completes with
+        it, waited for and reported by the caller's own `Wait`, or by the thread in turn (a caller blocked in
+        Waitall on it is then seen by the stall inspector)."""
+        if not (self.threaded and listeners):
             started_unwaited(name, nbytes, native_request)
+            if nudged(nbytes):
+                self.nudge(native_request)
             return native_request
         request = Request.started()
         work = lambda: waiting.wait(native_request)  # noqa: E731
         request.followed, request.progress = (work, name, nbytes), self
         self._enqueue(work, name, nbytes, request)
         return request
+
+    def nudge(self, native_request):
+        """Have MPI probed while `native_request`, a large call's that goes back to its caller, is outstanding."""
+        if self.threaded:  # else no other thread may call MPI
+            NUDGE.watch(self.probed, native_request)
 
     def taken(self, request, by_caller):
         """Whether the caller's thread (`by_caller`) or this one may wait for followed `request`: the
@@ -124,6 +141,98 @@ class Progress:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self.probed is not None:
+            NUDGE.forget(self.probed)
+
+
+class Nudge:
+    """Probes MPI while large nonblocking calls that went back to their callers as MPI's own requests are
+    outstanding, so that MPI moves their data while the callers compute, as a helper thread waiting for them
+    did. One thread per process (MPI's progress is the process's): it looks at the requests every NUDGE_LOOK_S,
+    and where the oldest has stayed outstanding for a whole look, its caller is busy elsewhere, and it probes
+    MPI every NUDGE_PROBE_S until that one is freed. A caller waiting at once has its request freed before a
+    look finds it twice, and meets no probe in its way. It never calls MPI on the callers' requests (a caller
+    may be freeing one): it reads whether they are null, and probes a communicator of its own for a message
+    nobody sends."""
+
+    def __init__(self):
+        self._watched = []  # (probed communicator, request) in the order started; callers append
+        self._lock = threading.Lock()  # one sweep of _watched at a time, and no probe of a communicator being freed
+        self._wake = threading.Event()
+        self._thread = None
+        self._stopping = False
+
+    def watch(self, probed, request):
+        self._watched.append((probed, request))
+        if not self._wake.is_set():
+            self._wake.set()
+            if self._thread is None:
+                self._start()
+
+    def forget(self, probed):
+        """Stop probing `probed`, which is about to be freed."""
+        with self._lock:
+            self._watched[:] = [entry for entry in self._watched if entry[0] is not probed]
+
+    def _start(self):
+        with self._lock:
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(target=self._loop, name="scaffe-nudge", daemon=True)
+                self._thread.start()
+                atexit.register(self._stop)  # before mpi4py's MPI_Finalize, which the thread must not outlive
+
+    def _loop(self):
+        seen = None  # the oldest outstanding request at the last look
+        idle = 0  # looks in a row that found none
+        while True:
+            oldest = self._oldest()
+            if self._stopping:
+                return
+            if oldest is None:
+                seen = None
+                idle += 1
+                if idle <= NUDGE_IDLE_LOOKS:
+                    time.sleep(NUDGE_LOOK_S)
+                    continue
+                self._wake.clear()
+                if not self._watched:
+                    self._wake.wait()
+                continue
+            idle = 0
+            if oldest[1] is not seen:
+                seen = oldest[1]
+                time.sleep(NUDGE_LOOK_S)
+                continue
+            with self._lock:
+                if self._watched and self._watched[0] is oldest:
+                    self._probe(oldest[0])
+            time.sleep(NUDGE_PROBE_S)
+
+    def _oldest(self):
+        """The oldest watched request not yet freed, with its communicator (None if there is none); drops the
+        freed ones."""
+        with self._lock:
+            watched = self._watched
+            taken = watched[:]  # requests started meanwhile are appended after these, and stay
+            kept = [entry for entry in taken if entry[1]]
+            watched[:len(taken)] = kept
+            return watched[0] if watched else None
+
+    def _probe(self, probed):
+        try:
+            probed.Iprobe(probed.Get_rank(), NUDGE_TAG)
+        except Exception:  # a communicator MPI found broken: its callers hear of it from their own calls
+            self._watched[:] = [entry for entry in self._watched if entry[0] is not probed]
+
+    def _stop(self):
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+NUDGE = Nudge()
 
 
 class QueuedCall:

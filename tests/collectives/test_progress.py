@@ -7,7 +7,9 @@ from mpi4py import MPI
 
 from collectives import events
 from collectives.events import Name
-from collectives.progress import DIRECT_BYTES, Progress
+from collectives import progress as progress_module
+from collectives.progress import NUDGED_ABOVE, Nudge, Progress
+from mpi_harness import run_ok
 
 NAMES = {name: Name(name, comm=0) for name in ("Iallreduce", "Allreduce", "Ibcast", "Bcast")}
 
@@ -27,9 +29,27 @@ def wait(request, seconds=10.0):
 
 @pytest.fixture
 def progress():
-    progress = Progress(threaded=True)
+    progress = Progress(threaded=True, probed=MPI.COMM_SELF)
     yield progress
     progress.stop()
+
+
+class Listening:
+    """A listener that hears every start and end and keeps nothing."""
+
+    def started(self, op_id, name, nbytes, t):
+        pass
+
+    def finished(self, op_id, t):
+        pass
+
+
+@pytest.fixture
+def listening():
+    listener = Listening()
+    events.add_listener(listener)
+    yield
+    events.remove_listener(listener)
 
 
 def test_a_failed_call_raises_at_wait_and_later_calls_still_run(progress):
@@ -68,13 +88,13 @@ def test_waitall_reports_a_failed_call_as_an_mpi_error(progress):
     progress.run(lambda: None, NAMES["Allreduce"], 8)
 
 
-def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progress):
-    """A nonblocking call MPI runs (`follow`) above DIRECT_BYTES: the caller's Wait waits for it in its own
-    thread (no hand-off to the progress thread and back), a C-level Waitall has the thread wait for it; each
+def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progress, listening):
+    """A nonblocking call MPI runs (`follow`) where listeners hear its end: the caller's Wait waits for it in its
+    own thread (no hand-off to the progress thread and back), a C-level Waitall has the thread wait for it; each
     call is reported once, and a blocking call after them runs at once."""
     name = NAMES["Ibcast"]
     comm = MPI.COMM_SELF
-    data = bytearray(DIRECT_BYTES + 1)
+    data = bytearray(8)
     size = len(data)
     begun = name.tally[0]
     release = threading.Event()
@@ -100,13 +120,14 @@ def test_a_followed_call_is_waited_for_by_its_caller_or_else_by_the_thread(progr
     assert name.tally[0] == name.tally[1] == begun + 4
 
 
-def test_a_small_followed_call_is_mpis_own_request_counted_until_freed_or_completed(progress, monkeypatch):
-    """At or below DIRECT_BYTES `follow` hands MPI's own request back: no helper thread, no generalized request.
-    Where the stall inspector sweeps, the call counts as started until a sweep finds its request freed, or,
-    probing, completed; without a sweep it is not counted at all."""
+@pytest.mark.parametrize("size", [8, NUDGED_ABOVE + 1])
+def test_a_followed_call_is_mpis_own_request_counted_until_freed_or_completed(progress, monkeypatch, size):
+    """Where no listener hears its end, `follow` hands MPI's own request back: no helper thread, no generalized
+    request. Where the stall inspector sweeps, the call counts as started until a sweep finds its request freed,
+    or, probing, completed; without a sweep it is not counted at all."""
     name = NAMES["Ibcast"]
     comm = MPI.COMM_SELF
-    data = bytearray(DIRECT_BYTES)
+    data = bytearray(size)
     monkeypatch.setattr(events, "_unwaited", None)
     begun = name.tally[0]
     request = progress.follow(comm.Ibcast(data, 0), name, len(data))
@@ -164,3 +185,65 @@ def test_unwaited_calls_are_counted_once_while_threads_post_and_sweep(monkeypatc
     assert events.sweep() == 60 and name.tally[1] == 6000 and events._unwaited == []
     for comm in comms:
         comm.Free()
+
+
+class Probed:
+    """A communicator's stand-in for the Nudge, which only asks its rank and probes it: counts the probes."""
+
+    def __init__(self):
+        self.probes = 0
+
+    def Get_rank(self):
+        return 0
+
+    def Iprobe(self, source, tag):
+        self.probes += 1
+        return False
+
+
+def probes_while(probed, condition, seconds=5.0):
+    """Waits until `condition(probes so far)` holds or `seconds` have passed; `probed`'s probes meanwhile."""
+    before = probed.probes
+    deadline = time.monotonic() + seconds
+    while not condition(probed.probes - before) and time.monotonic() < deadline:
+        time.sleep(1e-3)
+    return probed.probes - before
+
+
+def test_the_nudge_probes_only_while_a_request_stays_outstanding(monkeypatch):
+    """A request freed at once (a caller waiting for its call) meets no probe; one left outstanding for a look is
+    probed for until it is freed, and then the thread goes idle; a forgotten communicator is probed no more."""
+    monkeypatch.setattr(progress_module, "NUDGE_LOOK_S", 0.05)  # a caller stalled this long would be probed
+    nudge, probed = Nudge(), Probed()
+    comm = MPI.COMM_SELF.Dup()
+    data = bytearray(8)
+    try:
+        for _ in range(200):
+            request = comm.Ibcast(data, 0)
+            nudge.watch(probed, request)
+            request.Wait()
+        assert probes_while(probed, lambda _: not nudge._watched) == 0 and probed.probes == 0
+        pending = comm.Irecv(data, 0, 5)  # outstanding until the send below
+        nudge.watch(probed, pending)
+        assert probes_while(probed, lambda probes: probes >= 3) >= 3
+        comm.Send(b"x", 0, 5)
+        pending.Wait()
+        time.sleep(3 * progress_module.NUDGE_LOOK_S)
+        assert probes_while(probed, lambda _: False, 0.05) == 0
+        assert nudge._watched == []
+
+        pending = comm.Irecv(data, 0, 5)
+        nudge.watch(probed, pending)
+        assert probes_while(probed, lambda probes: probes >= 3) >= 3
+        nudge.forget(probed)
+        time.sleep(2 * progress_module.NUDGE_PROBE_S)
+        assert probes_while(probed, lambda _: False, 0.05) == 0
+        comm.Send(b"x", 0, 5)
+        pending.Wait()
+    finally:
+        nudge._stop()
+        comm.Free()
+
+
+def test_a_large_call_handed_back_moves_while_a_rank_computes():
+    run_ok(2, "nudged.py", timeout=60)
