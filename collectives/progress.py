@@ -172,7 +172,7 @@ class Nudge:
     def forget(self, probed):
         """Stop probing `probed`, which is about to be freed."""
         with self._lock:
-            self._watched[:] = [entry for entry in self._watched if entry[0] is not probed]
+            self._keep(lambda entry: entry[0] is not probed)
 
     def _start(self):
         with self._lock:
@@ -212,17 +212,20 @@ class Nudge:
         """The oldest watched request not yet freed, with its communicator (None if there is none); drops the
         freed ones."""
         with self._lock:
-            watched = self._watched
-            taken = watched[:]  # requests started meanwhile are appended after these, and stay
-            kept = [entry for entry in taken if entry[1]]
-            watched[:len(taken)] = kept
-            return watched[0] if watched else None
+            self._keep(lambda entry: entry[1])
+            return self._watched[0] if self._watched else None
+
+    def _keep(self, keep):
+        """Drop the watched entries `keep` refuses (with the lock held); callers may append meanwhile."""
+        watched = self._watched
+        taken = watched[:]  # entries appended meanwhile come after these, and stay
+        watched[:len(taken)] = [entry for entry in taken if keep(entry)]
 
     def _probe(self, probed):
         try:
             probed.Iprobe(probed.Get_rank(), NUDGE_TAG)
         except Exception:  # a communicator MPI found broken: its callers hear of it from their own calls
-            self._watched[:] = [entry for entry in self._watched if entry[0] is not probed]
+            self._keep(lambda entry: entry[0] is not probed)
 
     def _stop(self):
         with self._lock:
