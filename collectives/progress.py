@@ -150,7 +150,7 @@ class Nudge:
     outstanding, so that MPI moves their data while the callers compute, as a helper thread waiting for them
     did. One thread per process (MPI's progress is the process's): it looks at the requests every NUDGE_LOOK_S,
     and where the oldest has stayed outstanding for a whole look, its caller is busy elsewhere, and it probes
-    MPI every NUDGE_PROBE_S until that one is freed. A caller waiting at once has its request freed before a
+    MPI every NUDGE_PROBE_S (with SCAFFE_WAIT=nap, as waits nap) until that one is freed. A caller waiting at once has its request freed before a
     look finds it twice, and meets no probe in its way. It never calls MPI on the callers' requests (a caller
     may be freeing one): it reads whether they are null, and probes a communicator of its own for a message
     nobody sends."""
@@ -184,6 +184,7 @@ class Nudge:
     def _loop(self):
         seen = None  # the oldest outstanding request at the last look
         idle = 0  # looks in a row that found none
+        probes = None  # the waits between probes of `seen`
         while True:
             oldest = self._oldest()
             if self._stopping:
@@ -200,13 +201,13 @@ class Nudge:
                 continue
             idle = 0
             if oldest[1] is not seen:
-                seen = oldest[1]
+                seen, probes = oldest[1], _probe_intervals()
                 time.sleep(NUDGE_LOOK_S)
                 continue
             with self._lock:
                 if self._watched and self._watched[0] is oldest:
                     self._probe(oldest[0])
-            time.sleep(NUDGE_PROBE_S)
+            time.sleep(next(probes))
 
     def _oldest(self):
         """The oldest watched request not yet freed, with its communicator (None if there is none); drops the
@@ -233,6 +234,13 @@ class Nudge:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def _probe_intervals():
+    """The Nudge's waits between probes of one request: NUDGE_PROBE_S, or where waits nap (SCAFFE_WAIT=nap), as
+    their naps do, each twice the last up to the longest (a slowed-down bed counts the CPU they take)."""
+    longest = waiting.longest_nap_s() if waiting.napping() else NUDGE_PROBE_S
+    return waiting.nap_lengths(NUDGE_PROBE_S, longest)
 
 
 NUDGE = Nudge()
