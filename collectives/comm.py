@@ -79,7 +79,7 @@ class Comm(MPI.Intracomm):
         # Where the table picks a host algorithm, it is timed against native MPI first (plans.Trial), unless
         # the user forced one.
         self.measured = self.forced is None and settings.choice() == "measured"
-        self.trials = {}  # (kind, op handle, dtype, size) -> its Trial
+        self.trials = {}  # (kind, blocking, op handle, dtype, size) -> its Trial
         self.progress = Progress(threaded=MPI.Query_thread() == MPI.THREAD_MULTIPLE, probed=self.private)
         index = next(_set_ups)
         self.signature_check = Name("Signature check", index)

@@ -87,6 +87,15 @@ class Lane:
             # What the validation let through and MPI rejects, in MPI's own words.
             raise (stale.error or CollectiveError(f"{self.kind}: the buffers changed while the call was planned")) from None
 
+    def replace(self, plan, new):
+        """Have `new` serve the calls `plan` was kept for."""
+        key = (plan.send_id, plan.recv_id)
+        if self.plans.get(key) is plan:
+            new.send_id, new.recv_id = key
+            self.plans[key] = new
+        if self.last is plan:
+            self.last = new
+
     def keep(self, buf, recvbuf, plan):
         if self.keeps and plan.kept:
             if len(self.plans) >= _KEPT:
@@ -271,7 +280,7 @@ def _host_plan(comm, lane, call, buf, recvbuf, op, root):
         lane.computed_pairs[(call.op.py2f(), call.dtype)] = call.op_name
     trial = None
     if comm.measured and call.nbytes < TRIAL_SPAN * lane.native_below:
-        trial = comm.trials.setdefault((call.kind, _handle(call.op), call.dtype, call.nbytes), Trial())
+        trial = comm.trials.setdefault((call.kind, lane.blocking, _handle(call.op), call.dtype, call.nbytes), Trial())
     # Plain C-ordered ndarrays are viewed inline; any other buffer argument is parsed again at every call.
     plain = (type(buf) is numpy.ndarray and buf.flags.c_contiguous and lane.kind != "bcast"
              and (call.recv is None or type(recvbuf) is numpy.ndarray and recvbuf.flags.c_contiguous))

@@ -13,6 +13,7 @@ validation, which says what changed.
 """
 import array
 import mmap
+import threading
 import time
 import weakref
 
@@ -22,6 +23,7 @@ from mpi4py import MPI
 from collectives import devices, waiting
 from collectives.call import Call
 from collectives.devices.memory import synchronize
+from collectives.errors import CollectiveError
 from collectives.events import reported, with_label
 from collectives.progress import nudged
 
@@ -201,11 +203,31 @@ class AlgorithmPlan(Plan):
         send, recv = views(buf, recvbuf)
         if stream is not None:
             synchronize(stream)
-        call = Call(self.lane.kind, send, recv, op, self.op_name, root)
+        lane = self.lane
+        call = Call(lane.kind, send, recv, op, self.op_name, root)
         algorithm, trial = self.algorithm, self.trial
         if trial is None or trial.native is False:
-            return launch(comm, self.lane, lambda: algorithm(comm, call), call.nbytes)
-        return launch(comm, self.lane, lambda: trial.run(comm, algorithm, call), call.nbytes)
+            return launch(comm, lane, lambda: algorithm(comm, call), call.nbytes)
+        # Once the trial has chosen native MPI, a NativePlan serves the signature (MPI's call made by the lane's
+        # override). Every rank learns it at the same call: a blocking call's trial has run by the time it returns;
+        # a nonblocking one's runs on the progress thread, and the caller counts its calls to know when to wait.
+        if lane.blocking:
+            if trial.native:
+                return self.replaced(comm, buf, recvbuf, op, root, stream)
+            return launch(comm, lane, lambda: trial.run(comm, algorithm, call), call.nbytes)
+        if trial.posted < trial.CALLS:
+            trial.posted += 1
+            posted_at = time.perf_counter()
+            return launch(comm, lane, lambda: trial.run(comm, algorithm, call, posted_at), call.nbytes)
+        if trial.chosen(lane.kind):
+            return self.replaced(comm, buf, recvbuf, op, root, stream)
+        return launch(comm, lane, lambda: algorithm(comm, call), call.nbytes)
+
+    def replaced(self, comm, buf, recvbuf, op, root, stream):
+        """The call run by the NativePlan that serves its signature from now on (native MPI chosen)."""
+        plan = NativePlan(self.lane, buf, recvbuf, op, root, self.nbytes)
+        self.lane.replace(self, plan)
+        return plan.run(comm, buf, recvbuf, op, root, None)  # the stream was waited for above
 
     def plain_views(self, buf, recvbuf):
         """Views of a plain contiguous ndarray send buffer and, where this rank receives, a receive buffer
@@ -221,41 +243,64 @@ class AlgorithmPlan(Plan):
 
 
 class Trial:
-    """Our algorithm against the wrapped MPI on the first calls of one (kind, op, dtype, size) of a
-    communicator (SCAFFE_CHOICE=measured): they alternate, one untimed call each and then ROUNDS timed
+    """Our algorithm against the wrapped MPI on the first calls of one (kind, blocking or not, op, dtype, size)
+    of a communicator (SCAFFE_CHOICE=measured): they alternate, one untimed call each and then ROUNDS timed
     calls each, then one small allreduce of the times makes every rank keep the same one: native MPI
     where it was clearly faster, else ours (`native`: None until then).
 
     A trial belongs to the signature's contents, not to a plan: ranks find plans by ids, which differ
     between them, but make the same calls in the same order. It runs in call order (in the thread that
     runs the communicator's calls), so every rank counts the same calls, and the native twin runs
-    blocking on the communicator's private duplicate, like the algorithm's own messages.
+    blocking on the communicator's private duplicate, like the algorithm's own messages. A nonblocking
+    call of ours costs its caller the hand-off to the progress thread as well, where MPI's own goes back
+    to the caller at once: our road's time then runs from the call's posting (or the end of the trial's
+    last call, if later: time spent queued behind it is not the hand-off's).
     """
 
     ROUNDS = 3
+    CALLS = 2 + 2 * ROUNDS
     # The table's pick stands unless native MPI beats it clearly: a few calls in a loaded VM misjudge a
     # close race (at 128 KiB on 2 ranks, trials without a margin kept native MPI where ours was 1.3-2x faster).
     MARGIN = 0.8
-    __slots__ = ("calls", "seconds", "native")
+    __slots__ = ("calls", "seconds", "native", "posted", "last_end", "done")
 
     def __init__(self):
         self.calls, self.seconds, self.native = 0, numpy.zeros(2), None
+        self.posted, self.last_end = 0, 0.0  # (nonblocking) calls posted by the caller; the end of the last run
+        self.done = threading.Event()  # the choice made, or the trial failed
 
-    def run(self, comm, algorithm, call):
+    def run(self, comm, algorithm, call, posted_at=None):
         if self.native is not None:
             return _native_twin(comm, call) if self.native else algorithm(comm, call)
-        road = self.calls % 2
-        start = time.perf_counter()
-        if road:
-            _native_twin(comm, call)
-        else:
-            algorithm(comm, call)
-        if self.calls >= 2:  # each road's first call warms it up (our node loop compiles): not timed
-            self.seconds[road] += time.perf_counter() - start
-        self.calls += 1
-        if self.calls == 2 + 2 * self.ROUNDS:
-            comm.private.Allreduce(MPI.IN_PLACE, self.seconds, MPI.SUM)
-            self.native = bool(self.seconds[1] < self.MARGIN * self.seconds[0])
+        try:
+            road = self.calls % 2
+            start = time.perf_counter()
+            if road:
+                _native_twin(comm, call)
+            else:
+                algorithm(comm, call)
+            end = time.perf_counter()
+            if self.calls >= 2:  # each road's first call warms it up (our node loop compiles): not timed
+                if not road and posted_at is not None:
+                    start = max(posted_at, self.last_end)
+                self.seconds[road] += end - start
+            self.last_end = end
+            self.calls += 1
+            if self.calls == self.CALLS:
+                comm.private.Allreduce(MPI.IN_PLACE, self.seconds, MPI.SUM)
+                self.native = bool(self.seconds[1] < self.MARGIN * self.seconds[0])
+                self.done.set()
+        except BaseException:
+            self.done.set()  # a caller waiting for the choice raises instead
+            raise
+
+    def chosen(self, kind):
+        """Whether native MPI was chosen, once the progress thread has made the choice (a nonblocking lane's)."""
+        self.done.wait()
+        if self.native is None:
+            raise CollectiveError(f"{kind}: the measured choice between our algorithm and MPI's was not made: "
+                                  f"an earlier call of this size failed")
+        return self.native
 
 
 _BLOCKING = {"reduce": MPI.Intracomm.Reduce, "allreduce": MPI.Intracomm.Allreduce, "bcast": MPI.Intracomm.Bcast}
