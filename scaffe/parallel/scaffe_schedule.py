@@ -86,6 +86,7 @@ class SCaffeSchedule(Schedule):
         # a message: one or several (scaffe.parallel.pieces.Messages); its first layer's forward needs it.
         self._reduces = []
         self._updated = 0
+        self._sending = []     # another rank's reduces of this backward: waited for (MPI frees them) at its end
         self._held = []        # pieces whose reduce starts after backward
         self._incoming = {}    # layer index -> requests of held pieces that the next forward waits for
         self._staging = {}     # piece key -> where a held piece's gradient waits
@@ -144,7 +145,9 @@ class SCaffeSchedule(Schedule):
                 self._held.append(piece)
         computed = self.order.mark() if now else None  # their gradients, and their parameters are free
         for piece in now:
-            self._reduce(piece, piece.diff, computed)
+            request = self._reduce(piece, piece.diff, computed)
+            if self.rank != self.root:
+                self._sending.append(request)
         if self.rank != self.root:
             for piece in now:
                 self._propagate(piece, computed)
@@ -178,8 +181,9 @@ class SCaffeSchedule(Schedule):
                 self.order.updates_after(self.order.mark())
             self._update_arrived(wait=True, until=finishing)
             self._budget.measure(self._sent, self._sent + held, kept_up)
-        self.wait_all([entry[-1] for entry in self._reduces[:finishing]] + [self._flags_reduce, self._announce],
-                      "gradients")
+        self.wait_all([entry[-1] for entry in self._reduces[:finishing]] + self._sending
+                      + [self._flags_reduce, self._announce], "gradients")
+        self._sending = []
         self._finish_propagation()
         self.order.updates_done()  # the next iteration clears the gradients they read
         self.agreed = requests_from_flags(self._flags_down[:self.flag_count])
