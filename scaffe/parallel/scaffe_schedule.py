@@ -144,11 +144,9 @@ class SCaffeSchedule(Schedule):
             else:
                 self._held.append(piece)
         computed = self.order.mark() if now else None  # their gradients, and their parameters are free
-        for piece in now:
-            request = self._reduce(piece, piece.diff, computed)
-            if self.rank != self.root:
-                self._sending.append(request)
+        started = [self._reduce(piece, piece.diff, computed) for piece in now]
         if self.rank != self.root:
+            self._sending += started
             for piece in now:
                 self._propagate(piece, computed)
         elif self._per_piece:
