@@ -150,10 +150,10 @@ class Nudge:
     outstanding, so that MPI moves their data while the callers compute, as a helper thread waiting for them
     did. One thread per process (MPI's progress is the process's): it looks at the requests every NUDGE_LOOK_S,
     and where the oldest has stayed outstanding for a whole look, its caller is busy elsewhere, and it probes
-    MPI every NUDGE_PROBE_S (with SCAFFE_WAIT=nap, as waits nap) until that one is freed. A caller waiting at once has its request freed before a
-    look finds it twice, and meets no probe in its way. It never calls MPI on the callers' requests (a caller
-    may be freeing one): it reads whether they are null, and probes a communicator of its own for a message
-    nobody sends."""
+    MPI every NUDGE_PROBE_S until that one is freed (with SCAFFE_WAIT=nap it probes as waits nap, and looks no
+    more often than the longest nap). A caller waiting at once has its request freed before a look finds it
+    twice, and meets no probe in its way. It never calls MPI on the callers' requests (a caller may be freeing
+    one): it reads whether they are null, and probes a communicator of its own for a message nobody sends."""
 
     def __init__(self):
         self._watched = []  # (probed communicator, request) in the order started; callers append
@@ -185,6 +185,7 @@ class Nudge:
         seen = None  # the oldest outstanding request at the last look
         idle = 0  # looks in a row that found none
         probes = None  # the waits between probes of `seen`
+        look = _look_s()
         while True:
             oldest = self._oldest()
             if self._stopping:
@@ -193,7 +194,7 @@ class Nudge:
                 seen = None
                 idle += 1
                 if idle <= NUDGE_IDLE_LOOKS:
-                    time.sleep(NUDGE_LOOK_S)
+                    time.sleep(look)
                     continue
                 self._wake.clear()
                 if not self._watched:
@@ -202,7 +203,7 @@ class Nudge:
             idle = 0
             if oldest[1] is not seen:
                 seen, probes = oldest[1], _probe_intervals()
-                time.sleep(NUDGE_LOOK_S)
+                time.sleep(look)
                 continue
             with self._lock:
                 if self._watched and self._watched[0] is oldest:
@@ -234,6 +235,12 @@ class Nudge:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+
+
+def _look_s():
+    """How often the Nudge looks: NUDGE_LOOK_S, or where waits nap (SCAFFE_WAIT=nap), the longest nap if that is
+    longer (a slowed-down bed's ranks, many to a core, would otherwise each wake a thousand times a second)."""
+    return max(NUDGE_LOOK_S, waiting.longest_nap_s()) if waiting.napping() else NUDGE_LOOK_S
 
 
 def _probe_intervals():

@@ -250,10 +250,14 @@ def test_a_large_call_handed_back_moves_while_a_rank_computes():
 
 
 def test_the_nudge_probes_as_waits_nap_where_they_do(monkeypatch):
-    """Under SCAFFE_WAIT=nap the probes of one request space out as a wait's naps do, up to the longest nap."""
+    """Under SCAFFE_WAIT=nap the probes of one request space out as a wait's naps do, up to the longest nap, and
+    the Nudge looks no more often than the longest nap."""
     monkeypatch.setattr(progress_module.waiting, "_policy", lambda: ("nap", 0.4e-3))
     intervals = progress_module._probe_intervals()
     assert [next(intervals) for _ in range(5)] == [50e-6, 100e-6, 200e-6, 400e-6, 400e-6]
+    assert progress_module._look_s() == progress_module.NUDGE_LOOK_S  # the longest nap is shorter
+    monkeypatch.setattr(progress_module.waiting, "_policy", lambda: ("nap", 12e-3))
+    assert progress_module._look_s() == 12e-3
     monkeypatch.setattr(progress_module.waiting, "_policy", lambda: ("spin", None))
     intervals = progress_module._probe_intervals()
     assert [next(intervals) for _ in range(3)] == [50e-6] * 3
