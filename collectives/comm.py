@@ -37,10 +37,11 @@ class Comm(MPI.Intracomm):
 
     The first collective call (or `alloc`) sets up the topology and shared memory; it is collective,
     like every call that uses it. Nonblocking calls our algorithms run go in order to one helper thread
-    (progress does not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test` and
-    `MPI.Request.Waitall` work as with any MPI request; `Wait` and `Test` raise the error of a call that
-    failed (collectives.progress), and later calls still run. Those MPI runs return MPI's own request. Making one installs the abort hook
-    (`collectives.install_abort_hook`) unless SCAFFE_ABORT_ON_ERROR=0.
+    (progress does not depend on the caller's waits) and return `MPI.Grequest` objects, so `Wait`, `Test`
+    and `MPI.Request.Waitall` work as with any MPI request; `Wait` and `Test` raise the error of a call
+    that failed (collectives.progress), and later calls still run. Those MPI runs return MPI's own
+    request. Making one installs the abort hook (`collectives.install_abort_hook`) unless
+    SCAFFE_ABORT_ON_ERROR=0.
     """
 
     _lanes = None  # the Lane of each wrapped MPI method, once set up

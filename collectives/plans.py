@@ -270,8 +270,7 @@ class Trial:
         self.done = threading.Event()  # the choice made, or the trial failed
 
     def run(self, comm, algorithm, call, posted_at=None):
-        if self.native is not None:
-            return _native_twin(comm, call) if self.native else algorithm(comm, call)
+        """One of the trial's calls (the plan runs the chosen road itself once the choice is made)."""
         try:
             road = self.calls % 2
             start = time.perf_counter()

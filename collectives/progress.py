@@ -5,8 +5,9 @@ FIFO thread per communicator keeps all ranks in step. A nonblocking call returns
 that the thread completes, so the caller's `Wait`/`Test`/`Waitall` are MPI's own; work that raises
 completes its request with the error, which `Wait`/`Test` raise (and `Waitall` reports as an MPI error),
 and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) returns
-MPI's own request: handing a call to another thread and back costs 40-200 us on a small VM (perf/RESULTS.md,
-"Small nonblocking calls: MPI's own request", "Large nonblocking calls: MPI's own request, nudged"). MPI moves
+MPI's own request: handing a call to another thread and back costs far more than MPI's call on a small VM
+(perf/RESULTS.md, "Small nonblocking calls: MPI's own request", "Large nonblocking calls: MPI's own request,
+nudged"). MPI moves
 a large one only inside MPI calls, so while one is outstanding the process's `Nudge` thread probes MPI now and
 then, and the transfer goes on while the caller computes. Only where event listeners must hear its end is it
 waited for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
@@ -30,13 +31,13 @@ from collectives import waiting
 from collectives.events import listeners, reported, started_unwaited
 
 # Above this, a nonblocking call MPI runs is nudged (Nudge) until its caller has waited for it; a smaller one
-# takes MPI less time than the Nudge takes to look (about 17 us at 64 KiB, 2 ranks on a small VM).
+# takes MPI less time than the Nudge takes to look (perf/RESULTS.md, "Large nonblocking calls: MPI's own request,
+# nudged").
 NUDGED_ABOVE = 64 << 10
 # How often the Nudge thread looks at the requests it watches (a wake-up takes a core from the ranks on a
 # small host), and how often it probes MPI while one has stayed outstanding for a whole look. It goes on looking
 # for NUDGE_IDLE_LOOKS looks after the last was freed: a caller posting again in that time need not wake it, which
-# cost 5-10 us a call of 128 KiB-2 MiB in a loop (perf/RESULTS.md, "Large nonblocking calls: MPI's own request,
-# nudged").
+# showed on every call of a loop (perf/RESULTS.md, "Large nonblocking calls: MPI's own request, nudged").
 NUDGE_LOOK_S = 1e-3
 NUDGE_PROBE_S = 50e-6
 NUDGE_IDLE_LOOKS = 20
