@@ -253,8 +253,8 @@ class Trial:
     runs the communicator's calls), so every rank counts the same calls, and the native twin runs
     blocking on the communicator's private duplicate, like the algorithm's own messages. A nonblocking
     call of ours costs its caller the hand-off to the progress thread as well, where MPI's own goes back
-    to the caller at once: our road's time then runs from the call's posting (or the end of the trial's
-    last call, if later: time spent queued behind it is not the hand-off's).
+    to the caller at once: our road's time then runs from the call's posting, or from the end of the
+    thread's previous work if later (time queued behind other calls is theirs, not the hand-off's).
     """
 
     ROUNDS = 3
@@ -262,11 +262,11 @@ class Trial:
     # The table's pick stands unless native MPI beats it clearly: a few calls in a loaded VM misjudge a
     # close race (at 128 KiB on 2 ranks, trials without a margin kept native MPI where ours was 1.3-2x faster).
     MARGIN = 0.8
-    __slots__ = ("calls", "seconds", "native", "posted", "last_end", "done")
+    __slots__ = ("calls", "seconds", "native", "posted", "done")
 
     def __init__(self):
         self.calls, self.seconds, self.native = 0, numpy.zeros(2), None
-        self.posted, self.last_end = 0, 0.0  # (nonblocking) calls posted by the caller; the end of the last run
+        self.posted = 0  # nonblocking calls posted by the caller
         self.done = threading.Event()  # the choice made, or the trial failed
 
     def run(self, comm, algorithm, call, posted_at=None):
@@ -281,9 +281,8 @@ class Trial:
             end = time.perf_counter()
             if self.calls >= 2:  # each road's first call warms it up (our node loop compiles): not timed
                 if not road and posted_at is not None:
-                    start = max(posted_at, self.last_end)
+                    start = max(posted_at, comm.progress.free_since)
                 self.seconds[road] += end - start
-            self.last_end = end
             self.calls += 1
             if self.calls == self.CALLS:
                 comm.private.Allreduce(MPI.IN_PLACE, self.seconds, MPI.SUM)

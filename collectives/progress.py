@@ -58,6 +58,7 @@ class Progress:
         self._pending = 0
         self._lock = threading.Lock()  # guards _pending
         self._thread = None
+        self.free_since = 0.0  # perf_counter() when the thread finished its last work
 
     def run(self, work, name, nbytes):
         """Run `work()` now, after every earlier nonblocking call has finished."""
@@ -136,6 +137,7 @@ class Progress:
             with self._lock:
                 self._pending -= 1
             completion.finish(error)
+            self.free_since = time.perf_counter()
 
     def stop(self):
         if self._thread is not None:

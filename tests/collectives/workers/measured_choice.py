@@ -4,8 +4,8 @@ keeps the same, faster one; every result along the way is exact.
 One rank is made slow on one road (a sleep around it): the sum of the ranks' times must then pick the
 other road on every rank, for the slowed native twin (our algorithm kept) and for a slowed algorithm
 (native MPI kept), for blocking and nonblocking calls of one size, which have a trial each. A slow hand-off
-of nonblocking calls to the progress thread counts against our road. A nonblocking call whose trial kept
-native MPI returns MPI's own request.
+of nonblocking calls to the progress thread counts against our road; the time a call waits queued behind
+other work of the thread does not. A nonblocking call whose trial kept native MPI returns MPI's own request.
 
     mpiexec -n 3 python measured_choice.py
 """
@@ -23,11 +23,11 @@ from worker_util import Worker, contribution, expected_reduction
 SLOW_S = 0.05
 
 
-def slowed(function, rank, nbytes):
-    """`function(comm, call)` that sleeps first on `rank` for calls of `nbytes`."""
+def slowed(function, rank, nbytes, seconds=SLOW_S):
+    """`function(comm, call)` that sleeps `seconds` first on `rank` for calls of `nbytes`."""
     def run(comm, call):
         if comm.Get_rank() == rank and call.nbytes == nbytes:
-            time.sleep(SLOW_S)
+            time.sleep(seconds)
         return function(comm, call)
     return run
 
@@ -103,6 +103,25 @@ def main():
     collectives.progress.Progress.submit = submit
     w.check_true(kept(w, "allreduce", n, False) is True, "our algorithm kept though its hand-off was slowed")
     w.check_true(returned is MPI.Request, f"native MPI's call returned a {returned.__name__}, not MPI's request")
+
+    # As in the S-Caffe schedule, whose reduces of several sizes queue behind each other.
+    w.case("nonblocking calls queued behind other work of the thread: not counted against our road")
+    n = 5 * floats(w, "allreduce") // 4
+    collectives.plans._native_twin = slowed(twin, w.size - 1, n * 4, SLOW_S / 5)
+    ahead = []
+
+    def queued_behind(progress, work, name, nbytes):
+        if nbytes == n * 4:
+            ahead.append(submit(progress, lambda: time.sleep(SLOW_S), name, 0))
+        return submit(progress, work, name, nbytes)
+
+    collectives.progress.Progress.submit = queued_behind
+    returned = run_calls(w, "allreduce", n, 400)
+    collectives.progress.Progress.submit = submit
+    collectives.plans._native_twin = twin
+    MPI.Request.Waitall(ahead)
+    w.check_true(kept(w, "allreduce", n, False) is False, "native MPI kept: the queue was counted as the hand-off")
+    w.check_true(returned is not MPI.Request, "our algorithm's request is not MPI's own")
     w.done("measured_choice")
 
 
