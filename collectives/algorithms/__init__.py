@@ -40,11 +40,15 @@ def threshold(kind, several_nodes, compiled=True, nonblocking=False):
     `compiled`: whether the node loop of the call is the compiled one (a Bcast reduces nothing: it has none);
     `nonblocking`: an I* call."""
     below = SELECTION[kind][1 if several_nodes else 0]
-    if below is None and nonblocking and waiting.napping():
+    if nonblocking and waiting.napping():
         # MPI's nonblocking schedule moves only inside the Tests of the thread that waits for it, which naps
         # between them (perf/RESULTS.md, "The window's stop, MPI's Ibcast under naps, buckets on two lanes").
-        # Ours moves whenever the ranks' threads do.
-        below = SELECTION[kind][1]
+        # Ours moves whenever the ranks' threads do. Across nodes each of MPI's rounds waits for naps on both
+        # sides, a small call's too ("Small nonblocking calls across nodes where waits nap").
+        if several_nodes:
+            below = 0
+        elif below is None:
+            below = SELECTION[kind][1]
     return below if below is None or compiled or kind not in INTERPRETED_FROM else max(below, INTERPRETED_FROM[kind])
 
 

@@ -20,8 +20,23 @@ def test_a_one_node_broadcast_leaves_native_mpi_only_when_nonblocking_waits_nap(
     assert algorithms.select("bcast", big, several_nodes=True, nonblocking=True) == "hierarchical"
 
 
-def test_reductions_keep_their_thresholds_whatever_the_waits(wait_policy):
+def test_reductions_keep_their_thresholds_on_one_node_and_where_waits_spin(wait_policy):
     for kind in ("reduce", "allreduce"):
         for several_nodes in (False, True):
-            assert (algorithms.threshold(kind, several_nodes, nonblocking=True)
-                    == algorithms.threshold(kind, several_nodes) == algorithms.SELECTION[kind][several_nodes])
+            assert algorithms.threshold(kind, several_nodes) == algorithms.SELECTION[kind][several_nodes]
+        assert algorithms.threshold(kind, False, nonblocking=True) == algorithms.SELECTION[kind][0]
+        if wait_policy == "spin":
+            assert algorithms.threshold(kind, True, nonblocking=True) == algorithms.SELECTION[kind][1]
+
+
+def test_across_nodes_every_nonblocking_call_leaves_native_mpi_where_waits_nap(wait_policy):
+    """Each round of MPI's schedule waits for naps on both sides of the link, a 54 KB reduce's too."""
+    for kind in ("reduce", "allreduce", "bcast"):
+        for nbytes in (4, 54528):
+            expected = "hierarchical" if wait_policy == "nap" else "native"
+            assert algorithms.select(kind, nbytes, several_nodes=True, nonblocking=True) == expected
+            assert algorithms.select(kind, nbytes, several_nodes=True) == "native"
+            assert algorithms.select(kind, nbytes, nonblocking=True) == "native"
+    if wait_policy == "nap":  # ops the interpreted loop runs keep MPI's latency path for small calls
+        interpreted = algorithms.threshold("reduce", True, compiled=False, nonblocking=True)
+        assert interpreted == algorithms.INTERPRETED_FROM["reduce"]
