@@ -7,12 +7,11 @@ completes its request with the error, which `Wait`/`Test` raise (and `Waitall` r
 and the thread goes on with the next call. A nonblocking call that MPI runs itself (`follow`) returns
 MPI's own request: handing a call to another thread and back costs far more than MPI's call on a small VM
 (perf/RESULTS.md, "Small nonblocking calls: MPI's own request", "Large nonblocking calls: MPI's own request,
-nudged"). MPI moves
-a large one only inside MPI calls, so while one is outstanding the process's `Nudge` thread probes MPI now and
-then, and the transfer goes on while the caller computes. Only where event listeners must hear its end is it
-waited for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the helper thread in
-turn. A blocking call runs right in the caller's thread when nothing is queued (no hand-off latency),
-else it queues behind the pending nonblocking ones and waits. Each call is reported to
+nudged"). MPI moves a large one only inside MPI calls, so while one is outstanding the process's `Nudge` thread
+probes MPI now and then, and the transfer goes on while the caller computes. Only where event listeners must
+hear its end is it waited for by whichever comes first: the caller's own `Wait`, in the caller's thread, or the
+helper thread in turn. A blocking call runs right in the caller's thread when nothing is queued (no hand-off
+latency), else it queues behind the pending nonblocking ones and waits. Each call is reported to
 `collectives.events` from the thread that runs it, when it starts running and when it has finished.
 
 The helper thread works on the GPU of the thread that started it (`current_device`): a new thread has
