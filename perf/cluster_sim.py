@@ -121,7 +121,10 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
                         OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1",
                         # Waiting ranks leave the cores to the others and the TCP stack, napping up to 20 us
                         # undilated.
-                        SCAFFE_WAIT=os.environ.get("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}"))
+                        SCAFFE_WAIT=os.environ.get("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}"),
+                        # A wait of an iteration lasts D times longer too (past 60 s at 8 x 8, 25 Gbit/s, D = 2400): the
+                        # stall inspector allows 0.25 s undilated, several iterations, or its 60 s if longer.
+                        SCAFFE_STALL_S=os.environ.get("SCAFFE_STALL_S", f"{max(60.0, 0.25 * dilation):g}"))
         command, env = launch(launcher, STATE / "hosts", per_host, settings, [
             sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
             f"--iterations={iterations}", f"--schedule={schedule}"])
