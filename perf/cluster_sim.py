@@ -122,8 +122,9 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
                         # Waiting ranks leave the cores to the others and the TCP stack, napping up to 20 us
                         # undilated.
                         SCAFFE_WAIT=os.environ.get("SCAFFE_WAIT", f"nap:{0.02 * dilation:g}"),
-                        # A wait of an iteration lasts D times longer too (past 60 s at 8 x 8, 25 Gbit/s, D = 2400): the
-                        # stall inspector allows 0.25 s undilated, several iterations, or its 60 s if longer.
+                        # A wait of an iteration lasts D times longer too, past the stall inspector's default 60 s at
+                        # the largest D (perf/RESULTS.md, "The plotted S-Caffe runs again"): it allows 0.25 s
+                        # undilated, several iterations, or that default if longer.
                         SCAFFE_STALL_S=os.environ.get("SCAFFE_STALL_S", f"{max(60.0, 0.25 * dilation):g}"))
         command, env = launch(launcher, STATE / "hosts", per_host, settings, [
             sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
