@@ -8,7 +8,7 @@ Each line: the median seconds of one round (all N pieces, every request posted a
 the busiest direction's bytes over the link's rate divided by those seconds. With both at once the busiest
 host's link carries, in each direction, the schedule's bound (perf/cluster_sim.py): B (N x P bytes) on two
 hosts, 2 B from three on (the root of a tree, a chain's middle hosts); a reduce or a broadcast alone carries B
-where the hosts form a chain (pieces from 4 MiB: collectives.algorithms.hierarchical), 2 B at the root of a tree.
+where the hosts form a chain (collectives.algorithms.hierarchical.heads_shape), 2 B at the root of a tree.
 `native` rows run MPI's own Ireduce and Ibcast on the same pieces.
 """
 import argparse
@@ -19,14 +19,17 @@ import numpy
 from mpi4py import MPI
 
 import collectives
-from collectives.algorithms.hierarchical import CHAIN_FROM_BYTES
+from collectives import settings
+from collectives.algorithms import chain
+from collectives.algorithms.hierarchical import heads_shape
 
 
 def busiest_bytes(kind, hosts, piece_bytes, total):
     """Bytes the busiest direction of a host's link carries for `kind`."""
     if hosts == 2:
         return total
-    one_way = total if piece_bytes >= CHAIN_FROM_BYTES else 2 * total  # a chain's links, a tree's root
+    shape, _ = heads_shape(piece_bytes, hosts, settings.chunk_bytes())
+    one_way = total if shape is chain.shape else 2 * total  # a chain's links, a tree's root
     return one_way if kind in ("reduces", "bcasts") else 2 * total
 
 

@@ -3,19 +3,38 @@
 The head of the root's node is the root itself, so the final result is written straight into the
 root's receive buffer and never hops through another local rank.
 """
+import numpy
 from mpi4py import MPI
 
 from collectives import waiting
 from collectives.algorithms import chain, pipeline, tree
 from collectives.ops import native_reduces
 
-# Among node heads, a chain moves n bytes per link but has P-1 hops of latency; a binomial tree has
-# log2(P) hops but its inner ranks receive from several children. Chains win once chunks pipeline.
-CHAIN_FROM_BYTES = 4 << 20
+# Chunks of an eighth of the call let a chain fill; no smaller than this, so that each chunk's own costs
+# (a message, a pass of the loop) stay small beside its time on the link.
+CHUNKS_PER_CALL = 8
+MIN_CHUNK_BYTES = 256 << 10
 
 
-def _shape(nbytes):
-    return chain.shape if nbytes >= CHAIN_FROM_BYTES else tree.shape
+def heads_shape(nbytes, heads, largest_chunk):
+    """(tree.shape or chain.shape, chunk in bytes) of an nbytes call among `heads` node heads.
+
+    A binomial tree's root takes ceil(log2 P) children's streams on its one link; along a chain every link
+    carries the call once, but it fills over P - 2 more chunks. With k chunks the chain takes about k + P - 2
+    chunk-times against the tree's ceil(log2 P) x k (perf/RESULTS.md, "A chain among node heads"). The
+    choice rests on the call's size, the heads' count and SCAFFE_CHUNK_BYTES alone, so every head makes it.
+    """
+    chunk_bytes = min(largest_chunk, max(MIN_CHUNK_BYTES, nbytes // CHUNKS_PER_CALL))
+    chunks = max(1, -(-nbytes // chunk_bytes))
+    chain_fills_faster = chunks + heads - 2 < (heads - 1).bit_length() * chunks
+    return (chain.shape if chain_fills_faster else tree.shape), chunk_bytes
+
+
+def heads_pipeline(comm, heads, nbytes, dtype, root):
+    """(parent, children, chunk in elements) of this rank in the pipeline among the node heads `heads`."""
+    shape, chunk_bytes = heads_shape(nbytes, heads.Get_size(), comm.chunk_bytes)
+    parent, children = shape(heads.Get_rank(), heads.Get_size(), root)
+    return parent, children, max(1, chunk_bytes // numpy.dtype(dtype).itemsize)
 
 
 def reduce(comm, call):
@@ -32,9 +51,8 @@ def reduce(comm, call):
         node_result = call.recv if topo.rank == root else comm.scratch.get("node", call.nbytes, call.send.dtype)
     shm.reduce(call.send, node_result, call.op_name, target=target)
     if heads is not None:
-        parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
-        pipeline.reduce(heads, node_result, node_result, call.op_name,
-                        parent, children, comm.chunk_elements(call.send.dtype), comm.scratch)
+        parent, children, chunk = heads_pipeline(comm, heads, call.nbytes, call.send.dtype, topo.node_of[root])
+        pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children, chunk, comm.scratch)
 
 
 def allreduce(comm, call):
@@ -61,8 +79,7 @@ def allreduce(comm, call):
     shm.reduce(call.send, call.recv, call.op_name, target=0)
     leaders = topo.leaders_comm
     if leaders is not None:
-        parent, children = _shape(call.nbytes)(leaders.Get_rank(), leaders.Get_size(), 0)
-        chunk = comm.chunk_elements(call.recv.dtype)
+        parent, children, chunk = heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0)
         pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, comm.scratch)
         pipeline.bcast(leaders, call.recv, parent, children, chunk)
     topo.node_comm.Bcast(call.recv, root=0)
@@ -78,8 +95,7 @@ def bcast(comm, call):
     source = topo.local_rank_of[root] if topo.node == topo.node_of[root] else 0
     produce = None
     if heads is not None:
-        parent, children = _shape(call.nbytes)(heads.Get_rank(), heads.Get_size(), topo.node_of[root])
-        chunk = comm.chunk_elements(call.recv.dtype)
+        parent, children, chunk = heads_pipeline(comm, heads, call.nbytes, call.recv.dtype, topo.node_of[root])
 
         def produce(arrived):
             pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))

@@ -25,10 +25,6 @@ def _scratch(comm, device):
     return scratch
 
 
-def _tree(tree_comm, nbytes, root):
-    return hierarchical._shape(nbytes)(tree_comm.Get_rank(), tree_comm.Get_size(), root)
-
-
 def _reduce(comm, call, stream):
     topo, ipc = comm.node_topology, comm.device_ipc
     root = call.root
@@ -44,9 +40,10 @@ def _reduce(comm, call, stream):
         node_stage()
         heads = topo.heads_comm(root)  # collective on first use: every rank asks
         if heads is not None:
-            parent, children = _tree(heads, call.nbytes, topo.node_of[root])
-            pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children,
-                                   comm.chunk_elements(call.send.dtype), scratch, scratch.cuda_aware)
+            parent, children, chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.send.dtype,
+                                                                  topo.node_of[root])
+            pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children, chunk, scratch,
+                            scratch.cuda_aware)
 
     return work
 
@@ -62,10 +59,9 @@ def _allreduce(comm, call, stream):
         node_reduce()
         if leader:
             leaders, scratch = topo.leaders_comm, _scratch(comm, call.device)
-            parent, children = _tree(leaders, call.nbytes, 0)
-            chunk = comm.chunk_elements(call.recv.dtype)
+            parent, children, chunk = hierarchical.heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0)
             pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, scratch,
-                                   scratch.cuda_aware)
+                            scratch.cuda_aware)
             pipeline.bcast(leaders, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
         node_bcast()
 
@@ -84,9 +80,9 @@ def _bcast(comm, call, stream):
         heads = topo.heads_comm(root)
         if heads is not None:
             scratch.wait_for(caller_done)  # the root's data is written; the others' buffers are free
-            parent, children = _tree(heads, call.nbytes, topo.node_of[root])
-            pipeline.bcast(heads, call.recv, parent, children, comm.chunk_elements(call.recv.dtype), scratch,
-                                  scratch.cuda_aware)
+            parent, children, chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.recv.dtype,
+                                                                  topo.node_of[root])
+            pipeline.bcast(heads, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
         node_stage()
 
     return work

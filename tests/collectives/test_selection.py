@@ -2,6 +2,7 @@
 import pytest
 
 from collectives import algorithms, waiting
+from collectives.algorithms import chain, hierarchical, tree
 
 
 @pytest.fixture(params=["spin", "nap"])
@@ -40,3 +41,16 @@ def test_across_nodes_every_nonblocking_call_leaves_native_mpi_where_waits_nap(w
     if wait_policy == "nap":  # ops the interpreted loop runs keep MPI's latency path for small calls
         interpreted = algorithms.threshold("reduce", True, compiled=False, nonblocking=True)
         assert interpreted == algorithms.INTERPRETED_FROM["reduce"]
+
+
+def test_node_heads_take_a_chain_once_it_fills_faster_than_the_trees_root_drains():
+    """Eighth-of-a-call chunks from 256 KiB up to SCAFFE_CHUNK_BYTES; a chain wherever a tree's root would take
+    more children's chunks than the chain's extra fill (the S-Caffe schedule's 2 MiB pieces on 8 heads)."""
+    mib = 1 << 20
+    assert hierarchical.heads_shape(2 * mib, 8, mib) == (chain.shape, 256 << 10)
+    assert hierarchical.heads_shape(4 * mib, 4, mib) == (chain.shape, 512 << 10)
+    assert hierarchical.heads_shape(64 * mib, 16, mib) == (chain.shape, mib)
+    assert hierarchical.heads_shape(64 << 10, 8, mib) == (tree.shape, 256 << 10)  # one chunk: the tree's depth
+    assert hierarchical.heads_shape(mib, 16, mib)[0] is tree.shape  # 4 chunks fill 16 heads slower than 4 x 4
+    assert hierarchical.heads_shape(64 * mib, 2, mib)[0] is tree.shape  # two heads: both shapes are one link
+    assert hierarchical.heads_shape(40000, 3, 4096) == (chain.shape, 4096)  # a smaller setting is the largest chunk

@@ -61,8 +61,8 @@ add("crossed", lambda: ["--ops", "sum", "--dtypes", "int8,float64", "--sizes", "
     (3, 2, "hierarchical"), (4, None, "hierarchical"), (4, None, "chain"), (4, 2, None),
 ])
 
-# A few MiB: above every selection threshold and CHAIN_FROM_BYTES (4 MiB for float32 and float64), so the
-# default table picks the hierarchical path and the heads use the chain; default chunk sizes here.
+# A few MiB: above every selection threshold, so the default table picks the hierarchical path, and the heads
+# take a chain of eighth-of-a-call chunks (collectives.algorithms.hierarchical.heads_shape).
 LARGE_ELEMENTS = str((4 << 20) // 4 + 3)
 add("large", lambda: ["--rotate", "--ops", "sum,max", "--dtypes", "float32,float64", "--sizes", LARGE_ELEMENTS],
     [(3, 2, "hierarchical"), (4, 1, None)], SCAFFE_CHUNK_BYTES="", SCAFFE_SHM_CHUNK_BYTES="")
