@@ -12,7 +12,9 @@ SCAFFE_CHOICE           measured or table   measured              where the tabl
                                                                   size and keep the faster (measured), or keep
                                                                   the table's pick, which makes results bitwise
                                                                   reproducible from run to run (choice)
-SCAFFE_CHUNK_BYTES      positive int        1 MiB                 the inter-node pipelines' chunk (chunk_bytes)
+SCAFFE_CHUNK_BYTES      positive int        1 MiB                 the pipelines' chunk between ranks; the node
+                                                                  heads' is an eighth of the call, at least 256
+                                                                  KiB, at most this (chunk_bytes; heads_shape)
 SCAFFE_SHM_CHUNK_BYTES  positive int        256 KiB / local       the part of the vector that one step of a node
                                             ranks (compiled       loop moves through a shared-memory cell; the
                                             loop), 1 MiB / local  cells hold the larger chunk (shm_chunk_bytes)
@@ -71,7 +73,7 @@ def choice():
 
 
 def chunk_bytes():
-    """SCAFFE_CHUNK_BYTES: the chunk of the inter-node pipelines."""
+    """SCAFFE_CHUNK_BYTES: the largest chunk of the inter-node pipelines."""
     return positive_int("SCAFFE_CHUNK_BYTES", 1 << 20)
 
 
