@@ -303,10 +303,10 @@ class Supervisor:
         new = [host.name for host in self._listed_quietly() if host.name not in known | self.excluded]
         if not new:
             return False
-        log.info("new host(s) in discovery: %s; asking the job to stop at its next commit (%s)",
-                 ",".join(new), self._grow_flag())
         folder = shlex.quote(self.commit_dir)
         self._on_hosts(hosts, ["sh", "-c", f"mkdir -p {folder} && : > {folder}/GROW"])
+        log.info("new host(s) in discovery: %s; asked the job to stop at its next commit (%s)",
+                 ",".join(new), self._grow_flag())
         return True
 
     def _grow_flag(self):

@@ -4,8 +4,10 @@ newest commit, and a host appearing in discovery joins at the next commit (the c
 whose link goes down is found lost by the stall inspector (SCAFFE_LOST_S, which the supervisor sets) and left
 behind within seconds, long before the stall limit. Needs the training side of scaffe.elastic (skips without
 it)."""
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +39,34 @@ def addresses(bed):
     return [line.split()[0] for line in lines if line]
 
 
+def ranks(bed):
+    """The pids of the `scaffe train` ranks on the bed's hosts now (not the launcher's processes)."""
+    found = []
+    for host in range(1, bed.hosts + 1):
+        for pid in bed.pids(host):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if Path(os.fsdecode(argv[0])).name.startswith("python") and b"scaffe" in argv and b"train" in argv:
+                found.append(pid)
+    return found
+
+
+@contextlib.contextmanager
+def paused(bed):
+    """Every rank of the job stopped (SIGSTOP) for the block: a tiny net's run cannot end meanwhile."""
+    stopped = ranks(bed)
+    assert stopped, "no rank of the job runs on the bed"
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+
+
 def elastic_job(bed, tmp_path, hosts, max_iter, env):
     """`scaffe elastic` over the bed's `hosts` (addresses; a discovery script reads the file tmp_path/listed) on
     a tiny LeNet of 24 samples an iteration, committing every 20 into each host's /dev/shm."""
@@ -57,9 +87,9 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
     bed = bed_of_four
     h1, h2, h3, h4 = addresses(bed)
     listed = tmp_path / "listed"
-    # 480 iterations: after the resume (at most 45) the job must still reach a commit after discovery, polled once a
-    # second, shows the new host; at 240 a fast run of the tiny net ended before it could.
-    with elastic_job(bed, tmp_path, [h1, h2, h3], 480, {"SCAFFE_STALL_S": "10"}) as job:
+    # The ranks are paused from the resume until the supervisor has flagged the new host, so a commit is left to
+    # grow at however fast the tiny net runs; the lost-rank limit outlasts the pause.
+    with elastic_job(bed, tmp_path, [h1, h2, h3], 480, {"SCAFFE_STALL_S": "10", "SCAFFE_LOST_S": "20"}) as job:
         killed_at, at = job.iteration()
         while killed_at < 45:
             killed_at, at = job.iteration(at + 1)
@@ -72,7 +102,9 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
         resumed = int(restart.group(1))
         assert resumed % 20 == 0 and 20 <= resumed <= killed_at
         at, _ = job.wait_for(r"Resuming from commit", start=at)
-        listed.write_text(f"{h1}:1\n{h2}:1\n{h3}:1\n{h4}:1\n")
+        with paused(bed):
+            listed.write_text(f"{h1}:1\n{h2}:1\n{h3}:1\n{h4}:1\n")
+            at, _ = job.wait_for(r"new host\(s\) in discovery: .*; asked the job to stop at its next commit", start=at)
         at, growth = job.wait_for(rf"growing: .*; relaunching on {re.escape(h1)}:1,{re.escape(h3)}:1,{re.escape(h4)}:1 "
                                   r"\(3 ranks\) from iteration (\d+)", start=at)
         assert int(growth.group(1)) % 20 == 0 and int(growth.group(1)) > resumed
@@ -88,8 +120,9 @@ def test_a_host_behind_a_link_that_went_down_is_left_behind_in_seconds(bed_of_fo
         cut_at, at = job.iteration()
         while cut_at < 45:
             cut_at, at = job.iteration(at + 1)
-        subprocess.run(link + ["down"], check=True, timeout=30)
-        cut = time.monotonic()
+        with paused(bed):  # the tiny net cannot end before the link is down
+            subprocess.run(link + ["down"], check=True, timeout=30)
+            cut = time.monotonic()
         try:
             at, restart = job.wait_for(rf"restart 1 of at most 1: the job failed with exit status \d+; stopped "
                                        rf"answering the job: {re.escape(h2)}; relaunching on {re.escape(h1)}:1,"

@@ -201,7 +201,7 @@ def test_new_hosts_in_discovery_grow_the_job_at_its_next_commit(tmp_path, monkey
     assert flags == [("h1:1,h2:1", "sh"), ("h1:1,h2:1", "rm")]  # asked on the job's hosts, then cleared
     assert not list((bed.state / "hosts").glob("*/GROW"))
     err = capsys.readouterr().err
-    assert f"new host(s) in discovery: h3,h4; asking the job to stop at its next commit ({bed.commit_dir}/GROW)" in err
+    assert f"new host(s) in discovery: h3,h4; asked the job to stop at its next commit ({bed.commit_dir}/GROW)" in err
     assert ("growing: the job stopped at a commit for new hosts; relaunching on h1:1,h2:1,h3:1 (3 ranks) from "
             f"iteration 60 ({bed.commit(60)})") in err
 
