@@ -51,3 +51,15 @@ class Bed:
         listed = subprocess.run(["ip", "netns", "pids", self.namespace(host)], capture_output=True, text=True,
                                 timeout=30)
         return [int(p) for p in listed.stdout.split()]
+
+    def ranks(self, host):
+        """The `python -m scaffe ...` ranks running in host `host` now (not hydra's proxy or its shell)."""
+        found = []
+        for pid in self.pids(host):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if argv[1:3] == [b"-m", b"scaffe"]:
+                found.append(pid)
+        return found

@@ -39,24 +39,10 @@ def addresses(bed):
     return [line.split()[0] for line in lines if line]
 
 
-def ranks(bed):
-    """The pids of the `scaffe train` ranks on the bed's hosts now (not the launcher's processes)."""
-    found = []
-    for host in range(1, bed.hosts + 1):
-        for pid in bed.pids(host):
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if Path(os.fsdecode(argv[0])).name.startswith("python") and b"scaffe" in argv and b"train" in argv:
-                found.append(pid)
-    return found
-
-
 @contextlib.contextmanager
 def paused(bed):
     """Every rank of the job stopped (SIGSTOP) for the block: a tiny net's run cannot end meanwhile."""
-    stopped = ranks(bed)
+    stopped = [pid for host in range(1, bed.hosts + 1) for pid in bed.ranks(host)]
     assert stopped, "no rank of the job runs on the bed"
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
@@ -93,9 +79,8 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
         killed_at, at = job.iteration()
         while killed_at < 45:
             killed_at, at = job.iteration(at + 1)
-        for pid in bed.pids(2):
-            if b"train" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                os.kill(pid, 9)
+        for pid in bed.ranks(2):
+            os.kill(pid, 9)
         at, restart = job.wait_for(rf"restart 1 of at most 1: the job failed with exit status \d+; rank killed on "
                                    rf"{re.escape(h2)}; relaunching on {re.escape(h1)}:1,{re.escape(h3)}:1 \(2 ranks\) "
                                    rf"from iteration (\d+)", start=at)

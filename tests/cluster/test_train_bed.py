@@ -90,19 +90,6 @@ def test_modelled_training_on_two_hosts_launched_as_mpirun_rsh(bed, mnist, tmp_p
     assert 0 < float(modelled.group(6)) < float(modelled.group(7)), log[-3000:]  # one rank's, all ranks' memory
 
 
-def rank_pids(bed, host):
-    """The training ranks (not hydra's proxy or its shell) running in `host`."""
-    found = []
-    for pid in bed.pids(host):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if argv[1:3] == [b"-m", b"scaffe"]:
-            found.append(pid)
-    return found
-
-
 def test_killed_rank_on_second_host_ends_job(bed, mnist, tmp_path):
     solver = lenet_solver(tmp_path, test_interval=100000)
     log_path = tmp_path / "job.log"
@@ -117,7 +104,7 @@ def test_killed_rank_on_second_host_ends_job(bed, mnist, tmp_path):
             assert job.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "training did not start:\n" + log_path.read_text()[-3000:]
             time.sleep(0.2)
-        victims = rank_pids(bed, 2)
+        victims = bed.ranks(2)
         assert len(victims) == 2, f"ranks on host 2: {victims}"
         killed_at = time.monotonic()
         subprocess.run(["kill", "-KILL", str(victims[-1])], check=True)
@@ -126,7 +113,7 @@ def test_killed_rank_on_second_host_ends_job(bed, mnist, tmp_path):
         except subprocess.TimeoutExpired:
             pytest.fail("the job still runs 30 s after SIGKILL of one rank:\n" + log_path.read_text()[-3000:])
         deadline = time.monotonic() + 10  # the launcher may return while the other ranks are still exiting
-        while (left := [pid for host in (1, 2) for pid in rank_pids(bed, host)]) and time.monotonic() < deadline:
+        while (left := [pid for host in (1, 2) for pid in bed.ranks(host)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert returncode != 0 and not left, (returncode, left, log_path.read_text()[-3000:])
         print(f"job ended {time.monotonic() - killed_at:.1f} s after the kill, exit code {returncode}")
