@@ -339,7 +339,8 @@ def test_a_killed_rank_is_replaced_from_the_newest_commit_and_training_ends(tmp_
     from training_job import MPIEXEC, OPEN_MPI, Job, write_tiny_solver
     if OPEN_MPI:
         pytest.skip("the supervisor's default launcher is MPICH's hydra")
-    solver = write_tiny_solver(tmp_path, batch=8, max_iter=200, display=1)
+    # 1000 iterations: a fast machine runs the tiny net at about 1000 a second, and the kill must come before the end.
+    solver = write_tiny_solver(tmp_path, batch=8, max_iter=1000, display=1)
     env = {"SCAFFE_COMMIT_ITERS": "20", "SCAFFE_COMMIT_DIR": str(tmp_path / "shm"), "SCAFFE_JOB_ID": "e2e"}
     with Job(1, ["elastic", "--max-np", "2", "--max-restarts", "1", "--launcher", str(MPIEXEC), "--",
                  sys.executable, "-m", "scaffe", "train", f"--solver={solver}"], env=env) as job:
