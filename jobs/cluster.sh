@@ -19,7 +19,10 @@
 # The subnet is 10.X.Y.0/24 derived from the name (SCAFFE_BED_NET=10.X.Y overrides); the bridge is .254.
 # `run` uses $MPIEXEC, else the active virtualenv's mpiexec, else the repository's .venv, else PATH's; it
 # must be hydra's. UCX (MPICH's transport) sees one kernel and would move traffic between namespaces
-# through shared memory, so `run` sets UCX_TLS=self,tcp (unless UCX_TLS is set) to make it cross the link.
+# through shared memory, so what runs in a host gets UCX_TLS=self,tcp to make it cross the link, and
+# UCX_TCP_RX_SEG_SIZE=1m so that a rank that naps between its Tests (SCAFFE_WAIT=nap) still drains its
+# socket at the link's rate: UCX reads one segment a progress call, 64 KiB by default (perf/RESULTS.md, "A
+# napping rank's receives"); either unless the launching environment sets it.
 # Each host has its own memory too: what runs in it sees /dev/shm/scaffe-bed-NAME/NAMEhK as its /dev/shm (a
 # bind mount in the mount namespace `ip netns exec` makes), so what one host keeps there the others do not see.
 # With --slurm, `status` prints the SLURM_CONF under which srun, sbatch and sinfo reach the bed's Slurm.
@@ -222,11 +225,13 @@ up() {
         mkdir -p "$memories/$ns"
         cases+="    $net.$i) ns=$ns ;;"$'\n'
     done
-    # `enter NS COMMAND` runs the shell command COMMAND in host NS: its network namespace and its memory.
+    # `enter NS COMMAND` runs the shell command COMMAND in host NS: its network namespace and its memory, and
+    # the bed's transport settings where COMMAND's environment has none (the usage above).
     cat >"$state/enter" <<EOF
 #!/bin/sh
 ns=\$1
 shift
+export UCX_TLS="\${UCX_TLS:-self,tcp}" UCX_TCP_RX_SEG_SIZE="\${UCX_TCP_RX_SEG_SIZE:-1m}"
 exec ip netns exec "\$ns" /bin/sh -c 'mount --bind "\$0" /dev/shm && exec /bin/sh -c "\$1"' "$memories/\$ns" "\$*"
 EOF
     # hydra's ssh launcher calls this with [ssh options] HOST COMMAND...; like sshd, run the command
@@ -279,7 +284,6 @@ bed_mpiexec() {  # hydra with the bed's launcher and bridge; the arguments say w
     [[ -f $state/hosts ]] || die 1 "bed $bed is not up (jobs/cluster.sh up H)"
     local mpiexec
     mpiexec=$(find_mpiexec)
-    export UCX_TLS=${UCX_TLS:-self,tcp}
     exec "$mpiexec" -launcher ssh -launcher-exec "$state/launch" -iface "$bridge" "$@"
 }
 

@@ -106,7 +106,7 @@ def launch(launcher, hosts_file, per_host, settings, command):
     hostfile = Path(hosts_file).with_name("mpirun_rsh_hosts")
     hostfile.write_text("".join(f"{address}:{per_host}\n" for address in addresses))
     env.update(HYDRA_LAUNCHER="ssh", HYDRA_LAUNCHER_EXEC=str(Path(hosts_file).with_name("launch")),
-               HYDRA_IFACE=f"{BED}br", UCX_TLS=env.get("UCX_TLS", "self,tcp"))
+               HYDRA_IFACE=f"{BED}br")
     return ["bash", str(ROOT / "jobs" / "mpirun_rsh.sh"), "-np", str(len(addresses) * per_host), "-hostfile",
             str(hostfile), *(f"{name}={value}" for name, value in settings.items()), *command], env
 

@@ -1,4 +1,5 @@
-"""The bed's link: with `up --rate`, traffic between hosts crosses it (UCX_TLS=self,tcp) and tbf shapes it."""
+"""The bed's link: with `up --rate`, traffic between hosts crosses it and tbf shapes it; what runs in a host gets
+the bed's transport settings (UCX_TLS=self,tcp, UCX_TCP_RX_SEG_SIZE=1m)."""
 import re
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ def shaped_bed():
 
 def test_rate_shapes_traffic_between_hosts(shaped_bed):
     job = require_ok(run_command(shaped_bed.command(1, sys.executable, WORKER, SWAP_BYTES), timeout=60))
+    assert "UCX self,tcp 1m" in job.stdout, job.stdout
     seconds = float(re.search(r"SWAP-SECONDS (\S+)", job.stdout).group(1))
     # Through shared memory the swap takes milliseconds; over the shaped link, at least its wire time.
     wire_seconds = (SWAP_BYTES - BURST_BYTES) * 8 / RATE_BITS

@@ -77,7 +77,7 @@ def test_modelled_training_on_two_hosts_launched_as_mpirun_rsh(bed, mnist, tmp_p
     settings = ["SCAFFE_WAIT=nap", "SCAFFE_TIME_DILATION=2", "SCAFFE_PIECE_BYTES=60000", "SCAFFE_MESSAGE_BYTES=120000",
                 "SCAFFE_BACKWARD_BYTES=100000"]
     hydra = dict(ONE_THREAD, HYDRA_LAUNCHER="ssh", HYDRA_LAUNCHER_EXEC=str(state / "launch"),
-                 HYDRA_IFACE=f"{bed.name}br", UCX_TLS="self,tcp", MPIEXEC=str(MPIEXEC))
+                 HYDRA_IFACE=f"{bed.name}br", MPIEXEC=str(MPIEXEC))
     job = require_ok(run_command(["bash", str(REPO / "jobs" / "mpirun_rsh.sh"), "-np", "4", "-hostfile", str(hostfile),
                                   *settings, sys.executable, "-m", "scaffe", "train", f"--solver={solver}",
                                   "--iterations=8", "--compute-profile=k80"], env=hydra, timeout=120),

@@ -1,5 +1,6 @@
 """Ranks 0 and 1 (one per host) swap argv[1] bytes twice with Sendrecv; rank 0 prints the seconds the
-second swap took."""
+second swap took and the transport settings it runs with."""
+import os
 import sys
 import time
 
@@ -15,4 +16,5 @@ started = time.perf_counter()
 world.Sendrecv(outgoing, peer, recvbuf=incoming, source=peer)
 seconds = time.perf_counter() - started
 if world.Get_rank() == 0:
+    print(f"UCX {os.environ.get('UCX_TLS')} {os.environ.get('UCX_TCP_RX_SEG_SIZE')}")
     print(f"SWAP-SECONDS {seconds:.4f}\nWORKER-OK link", flush=True)
