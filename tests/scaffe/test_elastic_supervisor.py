@@ -355,7 +355,7 @@ def test_a_killed_rank_is_replaced_from_the_newest_commit_and_training_ends(tmp_
         assert job.finish(300) == 0, job.log[-3000:]
     # The job may be ahead of the lines read when the kill came: bound the commit by the last iteration the
     # first launch logged (a commit of N is made before iteration N is logged, hence the + 1).
-    reached = max(int(n) for line in job.lines[at:index] for n in re.findall(r"\] Iteration (\d+) \(", line))
+    reached = job.reached(at, index)
     resumed = int(restart.group(2))
     assert resumed % 20 == 0 and 20 <= resumed <= reached + 1, (resumed, killed_at, reached)
     assert "Optimization Done." in "".join(job.lines[index:])

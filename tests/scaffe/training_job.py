@@ -28,6 +28,8 @@ OPEN_MPI = _is_open_mpi()
 # Where each launcher tells a rank its number.
 RANK_VARIABLE = "OMPI_COMM_WORLD_RANK" if OPEN_MPI else "PMI_RANK"
 
+ITERATION = r"\] Iteration (\d+) \("  # a display line of the solver
+
 # A one-layer classifier on the bundled MNIST: many fast iterations, so signals land mid-training.
 TINY_NET = """
 name: "tiny"
@@ -115,8 +117,13 @@ class Job:
 
     def iteration(self, start=0, timeout=120):
         """The number of the first 'Iteration N (' display line from log line `start` on, and its line."""
-        index, found = self.wait_for(r"\] Iteration (\d+) \(", timeout, start)
+        index, found = self.wait_for(ITERATION, timeout, start)
         return int(found.group(1)), index
+
+    def reached(self, start, end):
+        """The last iteration displayed in log lines [start, end): where a job may have been when something
+        the test did after reading line `start` took effect (the log is read behind the job)."""
+        return max(int(found.group(1)) for line in self.lines[start:end] if (found := re.search(ITERATION, line)))
 
     def rank_pid(self, rank):
         """The process id of rank `rank` (the launcher's descendant that has that rank number)."""
