@@ -8,6 +8,7 @@ the capture: cublasCreate allocates), so that layers with GEMMs can be captured 
 installed (`capture_refusal` says why not). On the host numpy computes them as those expressions do.
 """
 import functools
+import importlib
 
 import numpy
 
@@ -36,7 +37,7 @@ def product(out, a, b, trans_a=False, trans_b=False, accumulate=False):
     elif xp.cuda.get_current_stream().is_capturing():
         _captured_gemm(xp, out, a, b, trans_a, trans_b, accumulate)
     elif accumulate:
-        xp.cublas.gemm("T" if trans_a else "N", "T" if trans_b else "N", a, b, out=out, beta=1.0)
+        _cublas_of(xp).gemm("T" if trans_a else "N", "T" if trans_b else "N", a, b, out=out, beta=1.0)
     else:
         xp.matmul(_op(a, trans_a), _op(b, trans_b), out=out)
 
@@ -54,7 +55,13 @@ def add_column_sums(out, a, ones):
     elif xp.cuda.get_current_stream().is_capturing():
         _captured_gemm(xp, out.reshape(1, -1), ones.reshape(1, -1), a, False, False, True)
     else:
-        xp.cublas.gemv("T", 1.0, a, ones, 1.0, out)
+        _cublas_of(xp).gemv("T", 1.0, a, ones, 1.0, out)
+
+
+@functools.cache
+def _cublas_of(cupy):
+    """`cupy`'s cublas, a submodule that `import cupy` does not load (by module: tests load a fresh cupy)."""
+    return importlib.import_module(f"{cupy.__name__}.cublas")
 
 
 # ---------------------------------------------------------------- GEMMs on a capturing stream

@@ -1,5 +1,8 @@
 """The cupy stand-in itself: it refuses what cupy refuses, counts host syncs, and its kernel twins agree
 with the CPU kernels."""
+import subprocess
+import sys
+
 import numpy
 import pytest
 
@@ -67,6 +70,13 @@ def test_array_module_and_one_device(cupy_stand_in):
     assert cp.cuda.get_current_stream() is cp.cuda.Stream.null
     stream.synchronize()
     assert cp._stand_in.counters["synchronize"] == 1
+
+
+def test_cublas_is_a_submodule_that_import_cupy_does_not_load(cupy_stand_in):
+    # As in cupy: code that calls cupy.cublas must import it (a GPU found kernels.blas assuming otherwise).
+    probe = "import cupy; assert not hasattr(cupy, 'cublas'); import cupy.cublas; print(cupy.cublas.gemm.__name__)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "gemm", done.stderr
 
 
 def test_random_draws_stay_on_the_device(cupy_stand_in):
@@ -188,6 +198,7 @@ def test_a_capture_computes_nothing_and_its_graph_replays_on_new_inputs(cupy_sta
 
 
 def test_a_capture_refuses_what_cuda_and_cupy_refuse(cupy_stand_in):
+    import cupy.cublas
     cp = cupy_stand_in
     a = cp.ones((2, 2), dtype=cp.float32)
     out = cp.zeros((2, 2), dtype=cp.float32)
@@ -198,7 +209,7 @@ def test_a_capture_refuses_what_cuda_and_cupy_refuse(cupy_stand_in):
         "host sync": (lambda: a.get(), "cudaErrorStreamCaptureUnsupported"),
         "stream sync": (lambda: stream.synchronize(), "cudaErrorStreamCaptureUnsupported"),
         "pageable upload": (lambda: cp.asarray(numpy.ones(2)), "cudaErrorStreamCaptureUnsupported"),
-        "cuBLAS": (lambda: cp.cublas.gemm("N", "N", a, a, out=out), "cuBLAS API during stream capture"),
+        "cuBLAS": (lambda: cupy.cublas.gemm("N", "N", a, a, out=out), "cuBLAS API during stream capture"),
         "matmul": (lambda: a @ a, "cuBLAS API during stream capture"),
         "shared pool": (lambda: a + 1, "shared pool"),
         "outside event": (lambda: stream.wait_event(event), "cudaErrorStreamCaptureIsolation"),

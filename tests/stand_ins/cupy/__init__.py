@@ -11,7 +11,7 @@ import builtins as _builtins
 
 import numpy
 
-from cupy import _stand_in, cublas, cuda, random  # noqa: F401 - submodules, as in cupy
+from cupy import _stand_in, cuda, random  # noqa: F401 - submodules `import cupy` loads, as in cupy (not cublas)
 from cupy._core import device_routine as _device_routine, ndarray, ufunc, unwrap_nested as _unwrap_nested, wrap as _wrap
 from cupy._kernel import ElementwiseKernel, RawKernel  # noqa: F401 - as in cupy
 
