@@ -1,13 +1,13 @@
-"""SoftmaxWithLoss on cupy arrays in three launches (the CUDA C is in kernels/cuda_sources.py, where CI
-compiles it): forward and finish write the probabilities, the loss and its normalizer, and note a bad
-label on the device; backward writes the gradient. The parts each forward thread sums and the
-normalizer stay in `Workspace`, grown once for the largest batch seen."""
+"""SoftmaxWithLoss on cupy arrays in four launches (the CUDA C is in kernels/cuda_sources.py, where CI
+compiles it): forward's rows, prob and finish kernels write the probabilities, the loss and its
+normalizer, and note a bad label on the device; backward writes the gradient. The rows' max and sum, the
+parts each rows thread sums and the normalizer stay in `Workspace`, grown once for the largest batch seen."""
 import numpy
 
 from kernels.backend import get_array_module
 from kernels.cuda_sources import launch_elementwise
 
-CHUNK = 16  # positions per forward thread: a few thousand threads even for a segmentation net's pixels
+MAX_PARTS = 8192  # the most rows threads: the finish sums their parts in one thread, in order
 
 
 class Workspace:
@@ -16,12 +16,16 @@ class Workspace:
 
     def __init__(self, xp):
         self.xp = xp
-        self.parts = 0
+        self.parts = self.positions = 0
+        self.row_max = self.row_sum = None
         self.part_loss = self.part_count = self.part_bad = None
         self.norm = xp.zeros(1, dtype=numpy.float64)
         self.check = xp.zeros(2, dtype=numpy.int64)
 
-    def grow(self, parts):
+    def grow(self, positions, parts, dtype):
+        if positions > self.positions or (self.row_max is not None and self.row_max.dtype != dtype):
+            self.row_max, self.row_sum = self.xp.empty(positions, dtype), self.xp.empty(positions, dtype)
+            self.positions = positions
         if parts > self.parts:
             xp = self.xp
             self.part_loss, self.part_count = xp.empty(parts, numpy.float64), xp.empty(parts, numpy.float64)
@@ -35,12 +39,15 @@ def forward(x3, labels, ignore_label, count_valid, fixed_norm, prob, top, work):
     else `fixed_norm`, at least 1)."""
     outer, channels, inner = x3.shape
     positions = outer * inner
-    parts = -(-positions // CHUNK)
-    work.grow(parts)
+    chunk = -(-positions // MAX_PARTS)
+    parts = -(-positions // chunk)
+    work.grow(positions, parts, x3.dtype)
     has_ignore = ignore_label is not None
-    launch_elementwise("scaffe_softmax_loss_forward", x3.dtype, parts, x3, labels, channels, inner, positions, CHUNK,
-                       int(has_ignore), int(ignore_label) if has_ignore else 0, prob, work.part_loss, work.part_count,
-                       work.part_bad)
+    launch_elementwise("scaffe_softmax_loss_rows", x3.dtype, parts, x3, labels, channels, inner, positions, chunk,
+                       int(has_ignore), int(ignore_label) if has_ignore else 0, work.row_max, work.row_sum,
+                       work.part_loss, work.part_count, work.part_bad)
+    launch_elementwise("scaffe_softmax_loss_prob", x3.dtype, x3.size, x3, channels, inner, work.row_max,
+                       work.row_sum, prob)
     launch_elementwise("scaffe_softmax_loss_finish", x3.dtype, 1, work.part_loss, work.part_count, work.part_bad,
                        parts, int(count_valid), float(fixed_norm), top, work.norm, work.check)
 

@@ -209,15 +209,18 @@ register_elementwise("scaffe_relu_backward", "const T* y, const T* dy, T* dx", "
         dx[i] = dy[i] * (T)(y[i] > (T)0);""")
 
 
-# SoftmaxWithLoss on the GPU in three launches (scaffe/layer_impls/softmax_loss.py, kernels/_softmax_loss_gpu.py)
-# where the array routines take about thirty: each thread of the forward takes `chunk` positions in turn
-# (softmax over the channels, max-subtracted, in T; the picked log-probability, clamped at FLT_MIN, summed
-# in double; labels counted; the first bad label noted), the finish sums the chunks' parts in order (so
-# the loss is the same bits every run), divides by the normalizer and keeps the first bad label seen for
-# the host to raise when it reads results; the backward writes (prob - [c == label]) * loss_weight / norm.
-register_elementwise("scaffe_softmax_loss_forward", "const T* x, const T* label, int channels, int inner, "
-                     "long long positions, int chunk, int has_ignore, int ignore, T* prob, double* part_loss, "
-                     "double* part_count, long long* part_bad", """
+# SoftmaxWithLoss on the GPU in four launches (scaffe/layer_impls/softmax_loss.py, kernels/_softmax_loss_gpu.py)
+# where the array routines take about thirty. The rows kernel: each thread takes `chunk` positions in turn
+# (the channels' max, a NaN winning as in numpy, and the sum of exp(x - max) in T, kept for the prob
+# kernel; the picked log-probability, clamped at FLT_MIN, summed in double; labels counted; the first bad
+# label noted); the prob kernel writes exp(x - max) / sum, one thread per element, so that a classifier's
+# few positions (one per image) do not leave the whole softmax to a few threads; the finish sums the
+# chunks' parts in order (so the loss is the same bits every run), divides by the normalizer and keeps the
+# first bad label seen for the host to raise when it reads results; the backward writes
+# (prob - [c == label]) * loss_weight / norm.
+register_elementwise("scaffe_softmax_loss_rows", "const T* x, const T* label, int channels, int inner, "
+                     "long long positions, int chunk, int has_ignore, int ignore, T* row_max, T* row_sum, "
+                     "double* part_loss, double* part_count, long long* part_bad", """
         const long long first = i * chunk;
         const long long last = min(first + (long long)chunk, positions);
         double loss = 0.0, counted = 0.0;
@@ -230,12 +233,9 @@ register_elementwise("scaffe_softmax_loss_forward", "const T* x, const T* label,
                 top = (v > top || v != v) ? v : top;  // numpy's max: a NaN wins
             }
             T sum = (T)0;
-            for (int c = 0; c < channels; ++c) {
-                const T e = exp(x[base + (long long)c * inner] - top);
-                prob[base + (long long)c * inner] = e;
-                sum += e;
-            }
-            for (int c = 0; c < channels; ++c) prob[base + (long long)c * inner] /= sum;
+            for (int c = 0; c < channels; ++c) sum += exp(x[base + (long long)c * inner] - top);
+            row_max[p] = top;
+            row_sum[p] = sum;
             const long long l = (long long)label[p];
             const bool valid = !(has_ignore && l == ignore);
             const bool bad = valid && (l < 0 || l >= channels);
@@ -245,7 +245,7 @@ register_elementwise("scaffe_softmax_loss_forward", "const T* x, const T* label,
             }
             if (valid) counted += 1.0;
             if (valid && !bad) {
-                const T picked = prob[base + l * inner];
+                const T picked = exp(x[base + l * inner] - top) / sum;
                 const T floor = (T)1.17549435082228751e-38;  // FLT_MIN, whatever T is, as Caffe clamps
                 loss += (double)log(picked > floor ? picked : floor);
             }
@@ -254,6 +254,10 @@ register_elementwise("scaffe_softmax_loss_forward", "const T* x, const T* label,
         part_count[i] = counted;
         part_bad[2 * i] = bad_at;
         part_bad[2 * i + 1] = bad_label;""")
+register_elementwise("scaffe_softmax_loss_prob", "const T* x, int channels, int inner, const T* row_max, "
+                     "const T* row_sum, T* prob", """
+        const long long p = (i / ((long long)inner * channels)) * inner + i % inner;
+        prob[i] = exp(x[i] - row_max[p]) / row_sum[p];""")
 register_elementwise("scaffe_softmax_loss_finish", "const double* part_loss, const double* part_count, "
                      "const long long* part_bad, long long parts, int count_valid, double fixed_norm, T* top, "
                      "double* norm, long long* check", """
@@ -279,6 +283,47 @@ register_elementwise("scaffe_softmax_loss_backward", "const T* prob, const T* la
         const bool valid = !(has_ignore && l == ignore) && l >= 0 && l < channels;
         const T scale = (T)((double)top_diff[0] / norm[0]);
         dx[i] = valid ? (prob[i] - (c == l ? (T)1 : (T)0)) * scale : (T)0;""")
+
+
+# LRN across channels (kernels/lrn.py) in one launch each way where its array routines take about fifteen,
+# each with whole-tensor temporaries: one thread per image and pixel walks the channels, summing each
+# channel's window of `size` neighbours in order (as the host's shifted slices do), so the scale, the top and
+# the gradient round as the host's do but for pow; no contraction into fused multiply-adds, for that reason.
+register_elementwise("scaffe_lrn_forward", "const T* x, int channels, int inner, int size, double alpha_over, "
+                     "double k, double beta, T* scale, T* y", """
+        const long long base = (i / inner) * channels * inner + i % inner;
+        const int pre = (size - 1) / 2;
+        for (int c = 0; c < channels; ++c) {
+            T s = (T)0;
+            for (int j = 0; j < size; ++j) {
+                const int cc = c - pre + j;
+                if (cc >= 0 && cc < channels) {
+                    const T v = x[base + (long long)cc * inner];
+                    s += v * v;
+                }
+            }
+            s = s * (T)alpha_over + (T)k;
+            const long long at = base + (long long)c * inner;
+            scale[at] = s;
+            y[at] = pow(s, (T)(-beta)) * x[at];
+        }""", options=("--fmad=false",))
+register_elementwise("scaffe_lrn_backward", "const T* x, const T* y, const T* scale, const T* dy, int channels, "
+                     "int inner, int size, double ratio_coef, double beta, T* dx", """
+        const long long base = (i / inner) * channels * inner + i % inner;
+        const int pre = (size - 1) / 2;
+        for (int c = 0; c < channels; ++c) {
+            T r = (T)0;
+            for (int j = 0; j < size; ++j) {
+                const int cc = c - pre + j;
+                if (cc >= 0 && cc < channels) {
+                    const long long at = base + (long long)cc * inner;
+                    r += dy[at] * y[at] / scale[at];
+                }
+            }
+            const long long at = base + (long long)c * inner;
+            r = r * x[at] * (T)ratio_coef;
+            dx[at] = pow(scale[at], (T)(-beta)) * dy[at] - r;
+        }""", options=("--fmad=false",))
 
 
 # The solvers' fused update steps (scaffe/solvers/fused.py), one kernel per solver type: per element, the

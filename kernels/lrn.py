@@ -9,9 +9,14 @@ accepts odd sizes):
     dx = dy * scale^-beta - (2 alpha beta / m) * x * window_sum(dy * y / scale).
 
 Written with array-module operations only (shifted slices, no cumulative sums, so float32 keeps its
-precision), the same code runs on numpy and, unchanged, on cupy: the GPU twin is this module.
+precision), the same code runs on numpy and on cupy. On cupy, ACROSS_CHANNELS (every LRN of AlexNet,
+CaffeNet and GoogLeNet) takes one fused kernel each way instead (kernels/cuda_sources.py: the same sums in
+the same order, without the array routines' fifteen launches and whole-tensor temporaries).
 """
+import numpy
+
 from kernels.backend import get_array_module
+from kernels.cuda_sources import launch_elementwise
 
 __all__ = ["lrn_forward", "lrn_backward", "ACROSS_CHANNELS", "WITHIN_CHANNEL"]
 
@@ -62,16 +67,34 @@ def _window(region, size):
     raise ValueError(f"unknown LRN norm_region {region!r}")
 
 
-def lrn_forward(x, size, alpha, beta, k, region=ACROSS_CHANNELS):
-    """Returns (y, scale) for x (N, C, H, W); keep `scale` for backward."""
+def _fused(x, region):
+    """Whether the fused GPU kernels take `x`: a C-contiguous float cupy array, normalized across channels."""
+    return (region == ACROSS_CHANNELS and get_array_module(x) is not numpy and x.flags.c_contiguous
+            and x.dtype in (numpy.float32, numpy.float64))
+
+
+def lrn_forward(x, size, alpha, beta, k, region=ACROSS_CHANNELS, y=None):
+    """Returns (y, scale) for x (N, C, H, W); keep `scale` for backward. `y` is written into when given."""
     _check_size(size)
+    if _fused(x, region) and (y is None or y.flags.c_contiguous):
+        xp = get_array_module(x)
+        y = xp.empty_like(x) if y is None else y
+        scale = xp.empty_like(x)
+        n_img, channels = x.shape[:2]
+        inner = x.size // max(n_img * channels, 1)
+        launch_elementwise("scaffe_lrn_forward", x.dtype, n_img * inner, x, channels, inner, size, alpha / size, k,
+                           beta, scale, y)
+        return y, scale
     window_sum, cells = _window(region, size)
     const = k if region == ACROSS_CHANNELS else 1.0
     scale = window_sum(x * x, size)
     scale *= x.dtype.type(alpha / cells)
     scale += x.dtype.type(const)
     xp = get_array_module(x)
-    y = xp.power(scale, x.dtype.type(-beta))
+    if y is None:
+        y = xp.power(scale, x.dtype.type(-beta))
+    else:
+        xp.power(scale, x.dtype.type(-beta), out=y)
     y *= x
     return y, scale
 
@@ -79,8 +102,15 @@ def lrn_forward(x, size, alpha, beta, k, region=ACROSS_CHANNELS):
 def lrn_backward(x, y, scale, dy, size, alpha, beta, region=ACROSS_CHANNELS, dx=None):
     """Gradient with respect to x given dy; written into `dx` (overwritten) when given."""
     _check_size(size)
-    window_sum, cells = _window(region, size)
     xp = get_array_module(x)
+    if _fused(x, region) and (dx is None or dx.flags.c_contiguous):
+        dx = xp.empty_like(x) if dx is None else dx
+        n_img, channels = x.shape[:2]
+        inner = x.size // max(n_img * channels, 1)
+        launch_elementwise("scaffe_lrn_backward", x.dtype, n_img * inner, x, y, scale, dy, channels, inner, size,
+                           2.0 * alpha * beta / size, beta, dx)
+        return dx
+    window_sum, cells = _window(region, size)
     ratio = window_sum(dy * y / scale, size)
     ratio *= x
     ratio *= x.dtype.type(2.0 * alpha * beta / cells)

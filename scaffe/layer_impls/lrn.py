@@ -26,8 +26,8 @@ class LRNLayer(Layer):
         top[0].reshape(bottom[0].shape)
 
     def forward(self, bottom, top):
-        y, self.scale = lrn_forward(bottom[0].data, self.size, self.alpha, self.beta, self.k, self.region)
-        top[0].data[...] = y
+        _, self.scale = lrn_forward(bottom[0].data, self.size, self.alpha, self.beta, self.k, self.region,
+                                    y=top[0].data)
 
     def backward(self, top, propagate_down, bottom):
         if propagate_down[0]:

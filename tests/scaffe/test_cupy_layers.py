@@ -21,6 +21,14 @@ FORWARD_ONLY_CASES = [
     ("parameter", 'type: "Parameter" parameter_param { shape { dim: 2 dim: 3 } }', [], {"check_bottoms": []}),
 ]
 
+# The fused SoftmaxWithLoss at a classifier's shape (few positions, many channels) and with more positions
+# than kernels/_softmax_loss_gpu.py's MAX_PARTS (so each rows thread takes several).
+LOSS_SHAPE_CASES = [
+    ("softmax-loss-classifier", 'type: "SoftmaxWithLoss"', [normal(128, 1000), labels(128, 1000)],
+     {"check_bottoms": [0]}),
+    ("softmax-loss-chunked", 'type: "SoftmaxWithLoss" loss_param { ignore_label: 2 }',
+     [normal(2, 5, 64, 70), labels(2 * 64 * 70, 5).reshape(2, 64, 70)], {"check_bottoms": [0]}),
+]
 
 # Layers whose cupy path still copies to the host: Embed checks its indices there, ArgMax sorts there,
 # Accuracy's per-class top counts there, BatchReindex checks its indices there (as Caffe does) and Filter's
@@ -80,8 +88,8 @@ def _host_syncs(xp):
     return 0 if stand_in is None else stand_in.host_syncs()
 
 
-@pytest.mark.parametrize("proto,bottoms,options", [c[1:] for c in CASES + FORWARD_ONLY_CASES],
-                         ids=[c[0] for c in CASES + FORWARD_ONLY_CASES])
+@pytest.mark.parametrize("proto,bottoms,options", [c[1:] for c in CASES + FORWARD_ONLY_CASES + LOSS_SHAPE_CASES],
+                         ids=[c[0] for c in CASES + FORWARD_ONLY_CASES + LOSS_SHAPE_CASES])
 def test_cupy_path_matches_numpy(cupy_stand_in, proto, bottoms, options):
     host_tops, host_bottom_diffs, host_params, params, top_diffs, _ = run_layer(numpy, proto, bottoms, options)
     tops, bottom_diffs, device_params, _, _, syncs = run_layer(cupy_stand_in, proto, bottoms, options, params,
@@ -137,14 +145,21 @@ def test_convolution_on_the_gpu_takes_the_batch_in_one_chunk(cupy_stand_in):
     assert cupy_stand_in._stand_in.counters["launch:scaffe_im2col"] == 1
 
 
-GPU_OWN_PATHS = [c for c in CASES if c[0].startswith(("softmax-loss", "ip", "relu"))]
+def test_lrn_across_channels_is_one_launch_each_way(cupy_stand_in):
+    proto = 'type: "LRN" lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 }'  # AlexNet's norm1
+    run_layer(cupy_stand_in, proto, [numpy.random.default_rng(0).standard_normal((2, 12, 5, 5))], {})
+    counters = cupy_stand_in._stand_in.counters
+    assert counters["launch:scaffe_lrn_forward"] == 1 and counters["launch:scaffe_lrn_backward"] == 1
+
+
+GPU_OWN_PATHS = [c for c in CASES + LOSS_SHAPE_CASES if c[0].startswith(("softmax-loss", "ip", "relu", "lrn"))]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("proto,bottoms,options", [c[1:] for c in GPU_OWN_PATHS], ids=[c[0] for c in GPU_OWN_PATHS])
 def test_gpu_only_paths_on_a_gpu_match_numpy(proto, bottoms, options):
-    """What only the GPU runs, on a real one, against the numpy path: the three fused SoftmaxWithLoss kernels
-    (kernels/_softmax_loss_gpu.py), ReLU's gradient kernel and the accumulating cuBLAS calls of
+    """What only the GPU runs, on a real one, against the numpy path: the four fused SoftmaxWithLoss kernels
+    (kernels/_softmax_loss_gpu.py), LRN's two, ReLU's gradient kernel and the accumulating cuBLAS calls of
     InnerProduct's backward (kernels.blas); the same tops, gradients and parameter gradients to float32
     rounding."""
     import cupy

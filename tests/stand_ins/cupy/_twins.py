@@ -191,12 +191,12 @@ def _windows_covering(kernel, stride):
 from cupy import _solver_twins  # noqa: E402,F401 - registers the solvers' update twins
 
 
-@twin("scaffe_softmax_loss_forward")
-def _softmax_loss_forward(i, x, label, channels, inner, positions, chunk, has_ignore, ignore, prob, part_loss,
-                          part_count, part_bad):
+@twin("scaffe_softmax_loss_rows")
+def _softmax_loss_rows(i, x, label, channels, inner, positions, chunk, has_ignore, ignore, row_max, row_sum,
+                       part_loss, part_count, part_bad):
     # Vectorised over positions; each chunk's parts summed in its thread's order.
     t = x.dtype.type
-    xs, ps = x.reshape(-1), prob.reshape(-1)
+    xs = x.reshape(-1)
     p = numpy.arange(positions)
     base = (p // inner) * channels * inner + p % inner
     top = xs[base]
@@ -205,16 +205,13 @@ def _softmax_loss_forward(i, x, label, channels, inner, positions, chunk, has_ig
         top = numpy.where((v > top) | (v != v), v, top)
     total = numpy.zeros(positions, dtype=x.dtype)
     for c in range(channels):
-        e = numpy.exp(xs[base + c * inner] - top)
-        ps[base + c * inner] = e
-        total += e
-    for c in range(channels):
-        ps[base + c * inner] = ps[base + c * inner] / total
+        total += numpy.exp(xs[base + c * inner] - top)
+    row_max[:positions], row_sum[:positions] = top, total
     labels = label.reshape(-1)[:positions].astype(numpy.int64)
     valid = ~((has_ignore != 0) & (labels == ignore))
     bad = valid & ((labels < 0) | (labels >= channels))
     counted = valid & ~bad
-    picked = ps[base + numpy.where(counted, labels, 0) * inner]
+    picked = numpy.exp(xs[base + numpy.where(counted, labels, 0) * inner] - top) / total
     floor = t(1.17549435082228751e-38)
     logs = numpy.where(counted, numpy.log(numpy.where(picked > floor, picked, floor)).astype(numpy.float64), 0.0)
     parts = i.size
@@ -234,6 +231,12 @@ def _softmax_loss_forward(i, x, label, channels, inner, positions, chunk, has_ig
     seen = chunk_bad.any(axis=1)
     part_bad[0:2 * parts:2] = numpy.where(seen, i * chunk + first, -1)
     part_bad[1:2 * parts:2] = numpy.where(seen, chunk_labels[i, first], 0)
+
+
+@twin("scaffe_softmax_loss_prob")
+def _softmax_loss_prob(i, x, channels, inner, row_max, row_sum, prob):
+    p = (i // (inner * channels)) * inner + i % inner
+    _store(prob, i, numpy.exp(x.reshape(-1)[i] - row_max[p]) / row_sum[p])
 
 
 @twin("scaffe_softmax_loss_finish")
@@ -267,3 +270,41 @@ def _softmax_loss_backward(i, prob, label, channels, inner, has_ignore, ignore, 
 @twin("scaffe_relu_backward")
 def _relu_backward(i, y, dy, dx):
     _store(dx, i, dy.reshape(-1)[i] * (y.reshape(-1)[i] > 0).astype(dx.dtype))
+
+
+def _lrn_positions(i, channels, inner):
+    return (i // inner) * channels * inner + i % inner
+
+
+@twin("scaffe_lrn_forward")
+def _lrn_forward(i, x, channels, inner, size, alpha_over, k, beta, scale, y):
+    t = x.dtype.type
+    xs, base, pre = x.reshape(-1), _lrn_positions(i, channels, inner), (size - 1) // 2
+    for c in range(channels):
+        s = numpy.zeros(i.size, dtype=x.dtype)
+        for j in range(size):
+            cc = c - pre + j
+            if 0 <= cc < channels:
+                v = xs[base + cc * inner]
+                s += v * v
+        s = s * t(alpha_over) + t(k)
+        at = base + c * inner
+        scale.flat[at] = s
+        y.flat[at] = numpy.power(s, t(-beta)) * xs[at]
+
+
+@twin("scaffe_lrn_backward")
+def _lrn_backward(i, x, y, scale, dy, channels, inner, size, ratio_coef, beta, dx):
+    t = x.dtype.type
+    xs, ys, ss, ds = x.reshape(-1), y.reshape(-1), scale.reshape(-1), dy.reshape(-1)
+    base, pre = _lrn_positions(i, channels, inner), (size - 1) // 2
+    for c in range(channels):
+        r = numpy.zeros(i.size, dtype=x.dtype)
+        for j in range(size):
+            cc = c - pre + j
+            if 0 <= cc < channels:
+                at = base + cc * inner
+                r += ds[at] * ys[at] / ss[at]
+        at = base + c * inner
+        r = r * xs[at] * t(ratio_coef)
+        dx.flat[at] = numpy.power(ss[at], t(-beta)) * ds[at] - r
