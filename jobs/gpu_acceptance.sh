@@ -11,7 +11,10 @@
 #      1, 2 and 4 ranks, on CIFAR-10 where its LMDBs are on the machine (examples/cifar10/README.md), else
 #      on the bundled MNIST digits drawn as 3 x 32 x 32 images (`perf.gpu_acceptance cifar-digits`);
 #   7. ms/iter of scaffe and PyTorch eager (if installed) on the timed nets;
-#   8. the verdict table against the acceptance lines (exit status 1 unless every line passes).
+#   8. `scaffe time` layer by layer on AlexNet b128 and GoogLeNet b32, and their layers' device times, the
+#      check of the compute model's h100 (python -m perf.model_check LOGS/layers_alexnet_b128.log
+#      --model LOGS/alexnet_b128.prototxt compares them);
+#   9. the verdict table against the acceptance lines (exit status 1 unless every line passes).
 # The order is what the verdict needs most first. Every step logs to LOGS/<step>.log and its exit status to
 # LOGS/steps.tsv; a failed, timed-out or skipped step gives FAIL or MISSING rows and the rest still run.
 # Each step's limit is its share of one time budget (--budget, default 450 s; the shares add up to at most
@@ -123,16 +126,16 @@ train() {  # train NET SOLVER ITERATIONS RANKS SCHEDULE PERCENT
     step "train_${1}_np${4}_${5}" "$6" "${command[@]}"
 }
 
-step bounds 3 "$PY" -m perf.gpu_acceptance bounds
+step bounds 2 "$PY" -m perf.gpu_acceptance bounds
 for device in cupy cuda; do
-    osu reduce "$device" 8
-    osu allreduce "$device" 8
+    osu reduce "$device" 7
+    osu allreduce "$device" 7
 done
-step gpu_tests 12 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+step gpu_tests 9 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
 for device in cupy cuda; do
-    osu bcast "$device" 3
+    osu bcast "$device" 4
 done
-step mnist_lmdb 2 "$PY" -m scaffe convert mnist
+step mnist_lmdb 1 "$PY" -m scaffe convert mnist
 train lenet examples/mnist/lenet_solver.prototxt "$lenet_iterations" 1 scaffe 3
 step train_lenet_np1_eager 3 env SCAFFE_CAPTURE=0 "$PY" -m scaffe train --solver=examples/mnist/lenet_solver.prototxt \
     --gpu=0 "--iterations=$lenet_iterations"
@@ -144,17 +147,27 @@ done
 cifar_solver=examples/cifar10/cifar10_quick_solver.prototxt
 if [ ! -d examples/cifar10/cifar10_train_lmdb ]; then  # CIFAR-10 is not bundled: the digits drawn CIFAR-sized
     cifar_solver=$logs/cifar_digits/solver.prototxt
-    step cifar_digits 2 "$PY" -m perf.gpu_acceptance cifar-digits "$logs/cifar_digits" --iterations="$cifar_iterations"
+    step cifar_digits 1 "$PY" -m perf.gpu_acceptance cifar-digits "$logs/cifar_digits" --iterations="$cifar_iterations"
 fi
 for ranks in 1 2 4; do
     train cifar10_quick "$cifar_solver" "$cifar_iterations" "$ranks" scaffe 3
 done
 step time_scaffe 6 "$PY" -m perf.gpu_acceptance scaffe-time
 if [ "$dry_run" = 1 ] || "$PY" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    step time_torch 4 "$PY" -m perf.torch_twins
+    step time_torch 3 "$PY" -m perf.torch_twins
 else
     echo "  (PyTorch with CUDA is not installed: no time_torch; its verdict lines read MISSING)"
 fi
+
+profile() {  # profile NET BATCH PERCENT: `scaffe time`'s per-layer log of NET's train net at BATCH, and the
+    # layers' device times by CUDA events (perf/layer_times.py), which perf/model_check.py compares with the model
+    local net_file=$logs/${1}_b${2}.prototxt
+    [ "$dry_run" = 1 ] || "$PY" -m perf.gpu_acceptance train-net "$1" "$2" "$net_file"
+    step "profile_${1}_b${2}" "$3" "$PY" -m scaffe time "--model=$net_file" --gpu=0 --iterations=10
+    step "layers_${1}_b${2}" "$3" "$PY" -m perf.layer_times "--model=$net_file"
+}
+profile alexnet 128 2
+profile googlenet 32 2
 
 echo "+ [verdict] $PY -m perf.gpu_acceptance verdict $logs"
 [ "$dry_run" = 1 ] && exit 0

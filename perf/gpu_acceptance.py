@@ -3,6 +3,8 @@
     python -m perf.gpu_acceptance bounds                  # fused 4-input kernels and device copies
     python -m perf.gpu_acceptance scaffe-time [--net N]   # ms per SGD iteration of scaffe on the GPU,
                                                           # replayed from CUDA graphs and eager
+    python -m perf.gpu_acceptance train-net NET B PATH    # AlexNet's or GoogLeNet's train net at batch B,
+                                                          # for `scaffe time` (the h100 model's check)
     python -m perf.gpu_acceptance cifar-digits DIR        # cifar10_quick's solver on the bundled digits
     python -m perf.gpu_acceptance verdict LOGDIR          # the acceptance lines against the logs
 
@@ -385,6 +387,10 @@ def main(argv=None):
     timing.add_argument("--net", default="all", choices=["all", *TIMED_NETS])
     timing.add_argument("--iterations", type=int, default=20)
     timing.add_argument("--warmup", type=int, default=5)
+    train_net = sub.add_parser("train-net", help="a timed net's train prototxt at a batch, for `scaffe time`")
+    train_net.add_argument("net", choices=("alexnet", "googlenet"))
+    train_net.add_argument("batch", type=int)
+    train_net.add_argument("path")
     digits = sub.add_parser("cifar-digits", help="cifar10_quick's solver on the bundled digits, for want of CIFAR-10")
     digits.add_argument("out")
     digits.add_argument("--iterations", type=int, default=500)
@@ -393,6 +399,12 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.command == "bounds":
         bounds()
+    elif args.command == "train-net":
+        from google.protobuf import text_format
+
+        from perf import train_scaling
+        net = train_scaling.SOLVER_PARAMS[args.net](args.batch).net_param
+        Path(args.path).write_text(text_format.MessageToString(net))
     elif args.command == "cifar-digits":
         print(cifar_digits(args.out, args.iterations))
     elif args.command == "scaffe-time":

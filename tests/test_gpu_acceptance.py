@@ -268,3 +268,29 @@ def test_cifar10_quick_gets_the_bundled_digits_drawn_cifar_sized(tmp_path):
     mean = read_blobproto(str(tmp_path / "mean.binaryproto"))
     assert (mean.num, mean.channels, mean.height, mean.width) == (1, 3, 32, 32)
     assert {caffe_pb2.TRAIN, caffe_pb2.TEST} == set(sources)
+
+
+SMALL_NET = """name: "small"
+layer { name: "data" type: "DummyData" top: "data" top: "label"
+  dummy_data_param { shape { dim: 4 dim: 3 dim: 8 dim: 8 } shape { dim: 4 }
+                     data_filler { type: "gaussian" } data_filler { type: "constant" value: 1 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 6 kernel_size: 3 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "norm" type: "LRN" bottom: "conv" top: "norm" lrn_param { local_size: 5 alpha: 0.0001 beta: 0.75 } }
+layer { name: "fc" type: "InnerProduct" bottom: "norm" top: "fc"
+  inner_product_param { num_output: 10 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }
+"""
+
+
+def test_layer_times_log_is_what_the_model_check_reads(cupy_stand_in, tmp_path, capsys):
+    from perf import layer_times, model_check
+    net = tmp_path / "small.prototxt"
+    net.write_text(SMALL_NET)
+    assert layer_times.main(["--model", str(net), "--repeats", "2", "--warmup", "1"]) == 0
+    log = tmp_path / "layers.log"
+    log.write_text(capsys.readouterr().out)
+    rows, summary = model_check.compare(str(log), str(net))
+    assert [(name, direction) for name, _, direction, _, _ in rows] == [
+        (name, direction) for name in ("conv", "norm", "fc", "loss") for direction in ("forward", "backward")]
+    assert summary["batch"] == 4 and summary["measured_ms"] > 0 and 0 < summary["fitted_efficiency"] <= 1
