@@ -6,6 +6,14 @@ bytes at EFFICIENCY x the peak memory bandwidth, and at least LAUNCH_FLOOR_S per
 Caffe trains in FP32, so the FP32 rate without tensor cores is the one used (cuDNN may use TF32 tensor
 cores on an H100 and beat it: the model is then pessimistic for convolutions).
 
+The two constants are fitted to what scaffe's iterations, replayed from CUDA graphs, took on an H200 (the
+H100's chip, its FP32 rate, more memory bandwidth) on 2026-11-30: AlexNet b128 22.5 ms, GoogLeNet b32
+19.8 ms (PyTorch eager, cuDNN: 25.8 and 21.7 ms); modelled 22.5 and 19.7. Big layers set the efficiency;
+GoogLeNet's hundreds of small convolutions, far below peak, set the floor. Layer by layer the device times
+(perf/layer_times.py, against the model with perf/model_check.py) spread around it: AlexNet's within 25%
+for 10 of 34 passes, its convolutions 0.5-2x (cuDNN's algorithms differ by layer). Before that, 0.5 and
+5 us (no measurement) modelled these nets at 19.5 and 12.4 ms (perf/RESULTS.md, "A GPU at last").
+
 Sources (NVIDIA's datasheets):
 - k80: one of the two GK210 GPUs of a Tesla K80 board (S-Caffe's cluster had 8 boards, 16 GPUs, a node):
   8.73 TFLOP/s FP32 with GPU Boost and 480 GB/s per board, so 4.37 TFLOP/s and 240 GB/s per GPU.
@@ -13,8 +21,9 @@ Sources (NVIDIA's datasheets):
 - h100: H100 SXM5, 67 TFLOP/s FP32, 3.35 TB/s HBM3.
 """
 
-EFFICIENCY = 0.5      # of peak, for both FLOPs and bytes: what cuDNN/cuBLAS reach on layers of these sizes
-LAUNCH_FLOOR_S = 5e-6  # the least a kernel takes, launch included
+EFFICIENCY = 0.44      # of peak, for both FLOPs and bytes: what cuDNN/cuBLAS reach on layers of these sizes
+LAUNCH_FLOOR_S = 35e-6  # the least a modelled kernel takes: a small layer's kernels run far below peak
+UPDATE_FLOOR_S = 5e-6   # the least the solver's fused update of a piece takes: one elementwise kernel's launch
 
 GPUS = {
     # name: (peak FP32 FLOP/s, peak memory bytes/s)
@@ -35,4 +44,4 @@ def update_seconds(gpu, elements, history_sets=1):
     """The solver's fused update of `elements` learnable values on `gpu`: it reads the gradient, the value
     and each history set and writes the value and the history (one kernel)."""
     peak_bytes = GPUS[gpu][1]
-    return max(4 * elements * (3 + 2 * history_sets) / (EFFICIENCY * peak_bytes), LAUNCH_FLOOR_S)
+    return max(4 * elements * (3 + 2 * history_sets) / (EFFICIENCY * peak_bytes), UPDATE_FLOOR_S)
