@@ -23,7 +23,8 @@ link is shaped to rate / D, so the run is the cluster's slowed down D times; res
 0.2 (at most --max-dilation), and at least so large that rate / D stays
 within what the bed's links carry (--bed-rate); the configuration's first schedule picks D for all of them.
 Waits nap (SCAFFE_WAIT=nap, collectives.waiting) unless the environment says otherwise; MPI's own blocking
-Allreduce, the native schedule's, still spins.
+Allreduce, the native schedule's, yields the core with a nanosleep (MPICH's MPIR_CVAR_ENABLE_HEAVY_YIELD=1)
+instead of spinning: its wake-ups are microseconds, undilated nanoseconds.
 
     python -m perf.cluster_sim --net googlenet --batch 32 --gpu h100 --hosts 1,2,4 --per-host 8 \
         --link 100gbit,25gbit --schedules scaffe,allreduce,native [--dilation auto] [--plot out.png]
@@ -126,6 +127,10 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
                         # the largest D (perf/RESULTS.md, "The plotted S-Caffe runs again"): it allows 0.25 s
                         # undilated, several iterations, or that default if longer.
                         SCAFFE_STALL_S=os.environ.get("SCAFFE_STALL_S", f"{max(60.0, 0.25 * dilation):g}"))
+        if schedule == "native":
+            # MPICH's blocking Allreduce polls until it is done; told to nanosleep when it yields, it left the
+            # bed's CPU 0.19 busy at 2 x 8 and 25 Gbit/s where spinning kept it 0.45 (perf/RESULTS.md).
+            settings["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
         command, env = launch(launcher, STATE / "hosts", per_host, settings, [
             sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
             f"--iterations={iterations}", f"--schedule={schedule}"])
