@@ -13,7 +13,7 @@
 #   7. ms/iter of scaffe and PyTorch eager (if installed) on the timed nets;
 #   8. `scaffe time` layer by layer on AlexNet b128 and GoogLeNet b32, and their layers' device times, the
 #      check of the compute model's h100 (python -m perf.model_check LOGS/layers_alexnet_b128.log
-#      --model LOGS/alexnet_b128.prototxt compares them);
+#      --model LOGS/alexnet_b128.prototxt compares them), and where a device Reduce's host time goes;
 #   9. the verdict table against the acceptance lines (exit status 1 unless every line passes).
 # The order is what the verdict needs most first. Every step logs to LOGS/<step>.log and its exit status to
 # LOGS/steps.tsv; a failed, timed-out or skipped step gives FAIL or MISSING rows and the rest still run.
@@ -168,6 +168,9 @@ profile() {  # profile NET BATCH PERCENT: `scaffe time`'s per-layer log of NET's
 }
 profile alexnet 128 2
 profile googlenet 32 2
+# Where a repeated device Reduce's host time goes (cProfile's top functions on the root), at 64 MiB: the
+# large-message lines miss by a fixed cost a call.
+step device_overhead 2 "$MPIEXEC" -n 4 "$PY" perf/device_overhead.py --device cupy --count 16777216 --top 15
 
 echo "+ [verdict] $PY -m perf.gpu_acceptance verdict $logs"
 [ "$dry_run" = 1 ] && exit 0
