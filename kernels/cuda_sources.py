@@ -289,41 +289,31 @@ register_elementwise("scaffe_softmax_loss_backward", "const T* prob, const T* la
 # each with whole-tensor temporaries: one thread per image and pixel walks the channels, summing each
 # channel's window of `size` neighbours in order (as the host's shifted slices do), so the scale, the top and
 # the gradient round as the host's do but for pow; no contraction into fused multiply-adds, for that reason.
-register_elementwise("scaffe_lrn_forward", "const T* x, int channels, int inner, int size, double alpha_over, "
-                     "double k, double beta, T* scale, T* y", """
+_LRN_WINDOWS = """
         const long long base = (i / inner) * channels * inner + i % inner;
         const int pre = (size - 1) / 2;
-        for (int c = 0; c < channels; ++c) {
-            T s = (T)0;
-            for (int j = 0; j < size; ++j) {
+        for (int c = 0; c < channels; ++c) {{
+            T window = (T)0;
+            for (int j = 0; j < size; ++j) {{
                 const int cc = c - pre + j;
-                if (cc >= 0 && cc < channels) {
-                    const T v = x[base + (long long)cc * inner];
-                    s += v * v;
-                }
-            }
-            s = s * (T)alpha_over + (T)k;
-            const long long at = base + (long long)c * inner;
-            scale[at] = s;
-            y[at] = pow(s, (T)(-beta)) * x[at];
-        }""", options=("--fmad=false",))
-register_elementwise("scaffe_lrn_backward", "const T* x, const T* y, const T* scale, const T* dy, int channels, "
-                     "int inner, int size, double ratio_coef, double beta, T* dx", """
-        const long long base = (i / inner) * channels * inner + i % inner;
-        const int pre = (size - 1) / 2;
-        for (int c = 0; c < channels; ++c) {
-            T r = (T)0;
-            for (int j = 0; j < size; ++j) {
-                const int cc = c - pre + j;
-                if (cc >= 0 && cc < channels) {
+                if (cc >= 0 && cc < channels) {{
                     const long long at = base + (long long)cc * inner;
-                    r += dy[at] * y[at] / scale[at];
-                }
-            }
+                    window += {term};
+                }}
+            }}
             const long long at = base + (long long)c * inner;
-            r = r * x[at] * (T)ratio_coef;
-            dx[at] = pow(scale[at], (T)(-beta)) * dy[at] - r;
-        }""", options=("--fmad=false",))
+{finish}
+        }}"""
+register_elementwise("scaffe_lrn_forward", "const T* x, int channels, int inner, int size, double alpha_over, "
+                     "double k, double beta, T* scale, T* y", _LRN_WINDOWS.format(term="x[at] * x[at]", finish="""
+            const T s = window * (T)alpha_over + (T)k;
+            scale[at] = s;
+            y[at] = pow(s, (T)(-beta)) * x[at];"""), options=("--fmad=false",))
+register_elementwise("scaffe_lrn_backward", "const T* x, const T* y, const T* scale, const T* dy, int channels, "
+                     "int inner, int size, double ratio_coef, double beta, T* dx",
+                     _LRN_WINDOWS.format(term="dy[at] * y[at] / scale[at]", finish="""
+            dx[at] = pow(scale[at], (T)(-beta)) * dy[at] - window * x[at] * (T)ratio_coef;"""),
+                     options=("--fmad=false",))
 
 
 # The solvers' fused update steps (scaffe/solvers/fused.py), one kernel per solver type: per element, the

@@ -272,23 +272,22 @@ def _relu_backward(i, y, dy, dx):
     _store(dx, i, dy.reshape(-1)[i] * (y.reshape(-1)[i] > 0).astype(dx.dtype))
 
 
-def _lrn_positions(i, channels, inner):
-    return (i // inner) * channels * inner + i % inner
+def _lrn_windows(i, channels, inner, size, dtype, term):
+    """(at, window) for each channel in turn: the kernels' sums of term(at) over a channel's `size` neighbours."""
+    base, pre = (i // inner) * channels * inner + i % inner, (size - 1) // 2
+    for c in range(channels):
+        window = numpy.zeros(i.size, dtype=dtype)
+        for j in range(size):
+            if 0 <= c - pre + j < channels:
+                window += term(base + (c - pre + j) * inner)
+        yield base + c * inner, window
 
 
 @twin("scaffe_lrn_forward")
 def _lrn_forward(i, x, channels, inner, size, alpha_over, k, beta, scale, y):
-    t = x.dtype.type
-    xs, base, pre = x.reshape(-1), _lrn_positions(i, channels, inner), (size - 1) // 2
-    for c in range(channels):
-        s = numpy.zeros(i.size, dtype=x.dtype)
-        for j in range(size):
-            cc = c - pre + j
-            if 0 <= cc < channels:
-                v = xs[base + cc * inner]
-                s += v * v
-        s = s * t(alpha_over) + t(k)
-        at = base + c * inner
+    t, xs = x.dtype.type, x.reshape(-1)
+    for at, window in _lrn_windows(i, channels, inner, size, x.dtype, lambda at: xs[at] * xs[at]):
+        s = window * t(alpha_over) + t(k)
         scale.flat[at] = s
         y.flat[at] = numpy.power(s, t(-beta)) * xs[at]
 
@@ -297,14 +296,5 @@ def _lrn_forward(i, x, channels, inner, size, alpha_over, k, beta, scale, y):
 def _lrn_backward(i, x, y, scale, dy, channels, inner, size, ratio_coef, beta, dx):
     t = x.dtype.type
     xs, ys, ss, ds = x.reshape(-1), y.reshape(-1), scale.reshape(-1), dy.reshape(-1)
-    base, pre = _lrn_positions(i, channels, inner), (size - 1) // 2
-    for c in range(channels):
-        r = numpy.zeros(i.size, dtype=x.dtype)
-        for j in range(size):
-            cc = c - pre + j
-            if 0 <= cc < channels:
-                at = base + cc * inner
-                r += ds[at] * ys[at] / ss[at]
-        at = base + c * inner
-        r = r * xs[at] * t(ratio_coef)
-        dx.flat[at] = numpy.power(ss[at], t(-beta)) * ds[at] - r
+    for at, window in _lrn_windows(i, channels, inner, size, x.dtype, lambda at: ds[at] * ys[at] / ss[at]):
+        dx.flat[at] = numpy.power(ss[at], t(-beta)) * ds[at] - window * xs[at] * t(ratio_coef)
