@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance of issues 18, 22 and 25 in one command on one GPU (an H100 or H200), about 8 minutes:
+# The GPU acceptance of issues 18, 22 and 25 in one command on one GPU (an H100 or H200), about 5 minutes:
 #   1. installs what the machine lacks (mpich, mpi4py, lmdb, protobuf) from wheels carried along
 #      (made here by jobs/fetch_gpu_wheels.sh), beside the image's own packages;
 #   2. the device bounds: fused 4-input Reduce and Allreduce kernels, device-to-device copy rates;
