@@ -16,16 +16,15 @@ class Workspace:
 
     def __init__(self, xp):
         self.xp = xp
-        self.parts = self.positions = 0
+        self.parts = 0
         self.row_max = self.row_sum = None
         self.part_loss = self.part_count = self.part_bad = None
         self.norm = xp.zeros(1, dtype=numpy.float64)
         self.check = xp.zeros(2, dtype=numpy.int64)
 
     def grow(self, positions, parts, dtype):
-        if positions > self.positions or (self.row_max is not None and self.row_max.dtype != dtype):
+        if self.row_max is None or positions > self.row_max.size or self.row_max.dtype != dtype:
             self.row_max, self.row_sum = self.xp.empty(positions, dtype), self.xp.empty(positions, dtype)
-            self.positions = positions
         if parts > self.parts:
             xp = self.xp
             self.part_loss, self.part_count = xp.empty(parts, numpy.float64), xp.empty(parts, numpy.float64)

@@ -73,6 +73,12 @@ def _fused(x, region):
             and x.dtype in (numpy.float32, numpy.float64))
 
 
+def _pixels(x):
+    """(the fused kernels' threads, one per image and pixel; the pixels of a channel) of x (N, C, ...)."""
+    inner = x.size // max(x.shape[0] * x.shape[1], 1)
+    return x.shape[0] * inner, inner
+
+
 def lrn_forward(x, size, alpha, beta, k, region=ACROSS_CHANNELS, y=None):
     """Returns (y, scale) for x (N, C, H, W); keep `scale` for backward. `y` is written into when given."""
     _check_size(size)
@@ -80,10 +86,9 @@ def lrn_forward(x, size, alpha, beta, k, region=ACROSS_CHANNELS, y=None):
         xp = get_array_module(x)
         y = xp.empty_like(x) if y is None else y
         scale = xp.empty_like(x)
-        n_img, channels = x.shape[:2]
-        inner = x.size // max(n_img * channels, 1)
-        launch_elementwise("scaffe_lrn_forward", x.dtype, n_img * inner, x, channels, inner, size, alpha / size, k,
-                           beta, scale, y)
+        threads, inner = _pixels(x)
+        launch_elementwise("scaffe_lrn_forward", x.dtype, threads, x, x.shape[1], inner, size, alpha / size, k, beta,
+                           scale, y)
         return y, scale
     window_sum, cells = _window(region, size)
     const = k if region == ACROSS_CHANNELS else 1.0
@@ -105,9 +110,8 @@ def lrn_backward(x, y, scale, dy, size, alpha, beta, region=ACROSS_CHANNELS, dx=
     xp = get_array_module(x)
     if _fused(x, region) and (dx is None or dx.flags.c_contiguous):
         dx = xp.empty_like(x) if dx is None else dx
-        n_img, channels = x.shape[:2]
-        inner = x.size // max(n_img * channels, 1)
-        launch_elementwise("scaffe_lrn_backward", x.dtype, n_img * inner, x, y, scale, dy, channels, inner, size,
+        threads, inner = _pixels(x)
+        launch_elementwise("scaffe_lrn_backward", x.dtype, threads, x, y, scale, dy, x.shape[1], inner, size,
                            2.0 * alpha * beta / size, beta, dx)
         return dx
     window_sum, cells = _window(region, size)

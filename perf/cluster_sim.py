@@ -128,8 +128,9 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
                         # undilated, several iterations, or that default if longer.
                         SCAFFE_STALL_S=os.environ.get("SCAFFE_STALL_S", f"{max(60.0, 0.25 * dilation):g}"))
         if schedule == "native":
-            # MPICH's blocking Allreduce polls until it is done; told to nanosleep when it yields, it left the
-            # bed's CPU 0.19 busy at 2 x 8 and 25 Gbit/s where spinning kept it 0.45 (perf/RESULTS.md).
+            # MPICH's blocking Allreduce polls until it is done; told to nanosleep when it yields, it keeps its
+            # iteration and leaves the bed's CPU about half as busy (perf/RESULTS.md, "The modelled bed with
+            # the H200-fitted model").
             settings["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
         command, env = launch(launcher, STATE / "hosts", per_host, settings, [
             sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",

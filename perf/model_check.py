@@ -21,12 +21,8 @@ MEASURABLE_MS = 0.05  # passes shorter than this, measured and modelled, are tim
 
 def _modelled_ms(gpu, layer, efficiency):
     """The layer's (forward, backward) ms on `gpu` with `efficiency` in place of the model's."""
-    peak_flops, peak_bytes = gpus.GPUS[gpu]
-    out = []
-    for flops, nbytes, kernels in zip(layer.flops, layer.bytes, layer.kernels):
-        work = max(flops / (efficiency * peak_flops), nbytes / (efficiency * peak_bytes))
-        out.append(1e3 * max(work, kernels * gpus.LAUNCH_FLOOR_S))
-    return out
+    return [1e3 * gpus.layer_seconds(gpu, flops, nbytes, kernels, efficiency)
+            for flops, nbytes, kernels in zip(layer.flops, layer.bytes, layer.kernels)]
 
 
 def compare(log, model, gpu="h100", tolerance=0.25):

@@ -6,13 +6,11 @@ bytes at EFFICIENCY x the peak memory bandwidth, and at least LAUNCH_FLOOR_S per
 Caffe trains in FP32, so the FP32 rate without tensor cores is the one used (cuDNN may use TF32 tensor
 cores on an H100 and beat it: the model is then pessimistic for convolutions).
 
-The two constants are fitted to what scaffe's iterations, replayed from CUDA graphs, took on an H200 (the
-H100's chip, its FP32 rate, more memory bandwidth) on 2026-11-30: AlexNet b128 22.5 ms, GoogLeNet b32
-19.8 ms (PyTorch eager, cuDNN: 25.8 and 21.7 ms); modelled 22.5 and 19.7. Big layers set the efficiency;
-GoogLeNet's hundreds of small convolutions, far below peak, set the floor. Layer by layer the device times
-(perf/layer_times.py, against the model with perf/model_check.py) spread around it: AlexNet's within 25%
-for 10 of 34 passes, its convolutions 0.5-2x (cuDNN's algorithms differ by layer). Before that, 0.5 and
-5 us (no measurement) modelled these nets at 19.5 and 12.4 ms (perf/RESULTS.md, "A GPU at last").
+The two constants are fitted to scaffe's AlexNet b128 and GoogLeNet b32 iterations, replayed from CUDA
+graphs, on an H200 (the H100's chip, its FP32 rate, more memory bandwidth): big layers set the efficiency,
+GoogLeNet's hundreds of small convolutions, far below peak, the floor. Layer by layer the device times
+(perf/layer_times.py, against the model with perf/model_check.py; logs in perf/h200/) spread around it, as
+cuDNN's algorithms differ by layer. The measurements and the earlier constants: perf/RESULTS.md, "A GPU at last".
 
 Sources (NVIDIA's datasheets):
 - k80: one of the two GK210 GPUs of a Tesla K80 board (S-Caffe's cluster had 8 boards, 16 GPUs, a node):
@@ -33,10 +31,11 @@ GPUS = {
 }
 
 
-def layer_seconds(gpu, flops, nbytes, kernels):
-    """One pass of a layer on `gpu`: `flops` operations, `nbytes` moved, `kernels` launched."""
+def layer_seconds(gpu, flops, nbytes, kernels, efficiency=EFFICIENCY):
+    """One pass of a layer on `gpu`: `flops` operations, `nbytes` moved, `kernels` launched (`efficiency`:
+    another in the model's place, as perf/model_check.py fits one)."""
     peak_flops, peak_bytes = GPUS[gpu]
-    work = max(flops / (EFFICIENCY * peak_flops), nbytes / (EFFICIENCY * peak_bytes))
+    work = max(flops / (efficiency * peak_flops), nbytes / (efficiency * peak_bytes))
     return max(work, kernels * LAUNCH_FLOOR_S)
 
 
