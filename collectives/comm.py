@@ -47,6 +47,11 @@ class Comm(MPI.Intracomm):
     _lanes = None  # the Lane of each wrapped MPI method, once set up
     _overrides = None  # each Lane's override, in the same order
     _device_path = None  # "direct" or "staged" as the constructor was told; None: SCAFFE_DEVICE_PATH's
+    # True where this communicator's large reduces and broadcasts run while another moves data the other way
+    # between the same nodes (the S-Caffe schedule's gradients and parameters): the node heads then take each
+    # call's chunks along chains in turn, which loads every link alike both ways at once but fills a pipeline
+    # per turn when one way runs alone (collectives.algorithms.hierarchical.heads_pipeline).
+    two_way = False
 
     def __new__(cls, comm=None, device_path=None):
         comm = MPI.COMM_WORLD if comm is None else comm

@@ -13,8 +13,9 @@ ranks of a host meet in shared memory, which the bound leaves out):
 - native: C + 2 (H-1)/H B / T. MPI's Allreduce follows the backward (no overlap), and no allreduce moves
   less than 2 (H-1)/H B through each host's link.
 - allreduce: max(C, 2 (H-1)/H B / T): reduce-scatter and allgather between the hosts, overlapped.
-- scaffe: max(C, k B / T), k = 0 for one host, 1 for two, 2 for more: gradients travel to the root and
-  parameters back, pipelined along the hosts, so a host between two others sends both (B each way).
+- scaffe: max(C, k B / T), k = 0 for one host, 1 for two, (2H-3)/(H-1) for more: gradients travel to the root
+  and parameters back, pipelined along chains of the hosts taken in turn, so a host sends B of gradients and
+  forwards the parameters in every turn but the one it ends (collectives.algorithms.chain.turns).
 
 Dilation D (--dilation, or `auto`): every modelled time is D times longer (SCAFFE_TIME_DILATION) and every
 link is shaped to rate / D, so the run is the cluster's slowed down D times; results are divided by D.
@@ -71,7 +72,7 @@ def bound_ms(schedule, compute_ms, grad_bytes, hosts, link_bytes_per_s):
         return compute_ms + allreduce_ms
     if schedule == "allreduce":
         return max(compute_ms, allreduce_ms)
-    carried = 0 if hosts == 1 else 1 if hosts == 2 else 2
+    carried = 0 if hosts == 1 else 1 if hosts == 2 else (2 * hosts - 3) / (hosts - 1)
     return max(compute_ms, 1000 * carried * grad_bytes / link_bytes_per_s)
 
 

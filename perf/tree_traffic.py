@@ -7,9 +7,9 @@ Run with one rank per host on the multi-host bed, R its links' rate (`jobs/clust
 Each line: the median seconds of one round (all N pieces, every request posted at once) and its efficiency,
 the busiest direction's bytes over the link's rate divided by those seconds. With both at once the busiest
 host's link carries, in each direction, the schedule's bound (perf/cluster_sim.py): B (N x P bytes) on two
-hosts, 2 B from three on (the root of a tree, a chain's middle hosts); a reduce or a broadcast alone carries B
-where the hosts form a chain (collectives.algorithms.hierarchical.heads_shape), 2 B at the root of a tree.
-`native` rows run MPI's own Ireduce and Ibcast on the same pieces.
+hosts; from three on, where the hosts form chains taken in turn (collectives.algorithms.hierarchical), (2 H - 3) /
+(H - 1) B, and 2 B at the root of a tree; a reduce or a broadcast alone carries B along chains, 2 B at a tree's
+root. `native` rows run MPI's own Ireduce and Ibcast on the same pieces, measured against the same bytes.
 """
 import argparse
 import statistics
@@ -29,8 +29,11 @@ def busiest_bytes(kind, hosts, piece_bytes, total):
     if hosts == 2:
         return total
     shape, _ = heads_shape(piece_bytes, hosts, settings.chunk_bytes())
-    one_way = total if shape is chain.shape else 2 * total  # a chain's links, a tree's root
-    return one_way if kind in ("reduces", "bcasts") else 2 * total
+    if shape is not chain.shape:
+        return 2 * total  # a tree's root: two children's streams in, or out to two children
+    # Along chains in turn every non-root host sends each reduce chunk up and forwards a broadcast chunk in
+    # every turn but the one it ends.
+    return total if kind in ("reduces", "bcasts") else (2 * hosts - 3) * total / (hosts - 1)
 
 
 def main(argv=None):
@@ -44,6 +47,7 @@ def main(argv=None):
     rank, hosts = world.Get_rank(), world.Get_size()
     ours = collectives.Comm(world)
     ours_back, native, native_back = ours.Dup(), world.Dup(), world.Dup()
+    ours.two_way = ours_back.two_way = True  # as the S-Caffe schedule's: chains in turn among the hosts
     count = args.piece_bytes // 4
     gradients = [numpy.full(count, rank + 1, numpy.float32) for _ in range(args.pieces)]
     parameters = [numpy.zeros(count, numpy.float32) for _ in range(args.pieces)]

@@ -7,3 +7,21 @@ def shape(rank, size, root):
     parent = None if relative == 0 else (rank - 1) % size
     children = [(rank + 1) % size] if relative + 1 < size else []
     return parent, children
+
+
+def turns(rank, size, root):
+    """(parent, children) of `rank` in each of the chains from `root` that take the other ranks in the same
+    circular order, each starting from a different one, so that each non-root rank ends one of them.
+
+    Along one chain a middle rank forwards a reduce's n bytes to the root and a broadcast's n bytes away from
+    it: 2 n each way when both run at once. With a call's chunks taken along the turns in equal numbers, each
+    non-root rank ends 1/(size-1) of them and forwards (2 size - 3)/(size - 1) n, the least a reduce to the root
+    and a broadcast from it can carry where the root holds the whole result (perf/RESULTS.md, "Chains in turn").
+    """
+    others = [(root + 1 + j) % size for j in range(size - 1)]
+    routes = []
+    for turn in range(max(1, size - 1)):
+        order = [root] + others[turn:] + others[:turn]
+        at = order.index(rank)
+        routes.append((order[at - 1] if at else None, order[at + 1:at + 2]))
+    return routes

@@ -5,7 +5,7 @@ from collectives.algorithms import pipeline
 def _run_reduce(comm, shape, send, recv, op, root):
     private = comm.private
     parent, children = shape(private.Get_rank(), private.Get_size(), root)
-    pipeline.reduce(private, send, recv if parent is None else None, op, parent, children,
+    pipeline.reduce(private, send, recv if parent is None else None, op, [(parent, children)],
                     comm.chunk_elements(send.dtype), comm.scratch)
 
 
@@ -21,8 +21,8 @@ def make(shape):
 
     def bcast_from(comm, buf, root):
         private = comm.private
-        parent, children = shape(private.Get_rank(), private.Get_size(), root)
-        pipeline.bcast(private, buf, parent, children, comm.chunk_elements(buf.dtype))
+        pipeline.bcast(private, buf, [shape(private.Get_rank(), private.Get_size(), root)],
+                       comm.chunk_elements(buf.dtype))
 
     def bcast(comm, call):
         bcast_from(comm, call.recv, call.root)

@@ -30,11 +30,21 @@ def heads_shape(nbytes, heads, largest_chunk):
     return (chain.shape if chain_fills_faster else tree.shape), chunk_bytes
 
 
-def heads_pipeline(comm, heads, nbytes, dtype, root):
-    """(parent, children, chunk in elements) of this rank in the pipeline among the node heads `heads`."""
-    shape, chunk_bytes = heads_shape(nbytes, heads.Get_size(), comm.chunk_bytes)
-    parent, children = shape(heads.Get_rank(), heads.Get_size(), root)
-    return parent, children, max(1, chunk_bytes // numpy.dtype(dtype).itemsize)
+def heads_pipeline(comm, heads, nbytes, dtype, root, turns):
+    """(routes, chunk in elements) of this rank in the pipeline among the node heads `heads`: chunk c goes along
+    routes[c % len(routes)] (collectives.algorithms.pipeline). With `turns` (Comm.two_way, on the host) the
+    chunks of a chain take chain.turns in equal numbers, so that a reduce and a broadcast at once load every
+    non-root head's link alike (perf/RESULTS.md, "Chains in turn"); else one chain."""
+    size, rank = heads.Get_size(), heads.Get_rank()
+    shape, chunk_bytes = heads_shape(nbytes, size, comm.chunk_bytes)
+    itemsize = numpy.dtype(dtype).itemsize
+    chunk = max(1, chunk_bytes // itemsize)
+    if shape is tree.shape or not turns:
+        return [shape(rank, size, root)], chunk
+    routes = chain.turns(rank, size, root)
+    count = nbytes // itemsize
+    chunks = -(-max(1, -(-count // chunk)) // len(routes)) * len(routes)
+    return routes, max(1, -(-count // chunks))
 
 
 def reduce(comm, call):
@@ -51,8 +61,8 @@ def reduce(comm, call):
         node_result = call.recv if topo.rank == root else comm.scratch.get("node", call.nbytes, call.send.dtype)
     shm.reduce(call.send, node_result, call.op_name, target=target)
     if heads is not None:
-        parent, children, chunk = heads_pipeline(comm, heads, call.nbytes, call.send.dtype, topo.node_of[root])
-        pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children, chunk, comm.scratch)
+        routes, chunk = heads_pipeline(comm, heads, call.nbytes, call.send.dtype, topo.node_of[root], comm.two_way)
+        pipeline.reduce(heads, node_result, node_result, call.op_name, routes, chunk, comm.scratch)
 
 
 def allreduce(comm, call):
@@ -79,9 +89,9 @@ def allreduce(comm, call):
     shm.reduce(call.send, call.recv, call.op_name, target=0)
     leaders = topo.leaders_comm
     if leaders is not None:
-        parent, children, chunk = heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0)
-        pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, comm.scratch)
-        pipeline.bcast(leaders, call.recv, parent, children, chunk)
+        routes, chunk = heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0, comm.two_way)
+        pipeline.reduce(leaders, call.recv, call.recv, call.op_name, routes, chunk, comm.scratch)
+        pipeline.bcast(leaders, call.recv, routes, chunk)
     topo.node_comm.Bcast(call.recv, root=0)
 
 
@@ -95,9 +105,10 @@ def bcast(comm, call):
     source = topo.local_rank_of[root] if topo.node == topo.node_of[root] else 0
     produce = None
     if heads is not None:
-        parent, children, chunk = heads_pipeline(comm, heads, call.nbytes, call.recv.dtype, topo.node_of[root])
+        routes, chunk = heads_pipeline(comm, heads, call.nbytes, call.recv.dtype, topo.node_of[root],
+                                       comm.two_way)
 
         def produce(arrived):
-            pipeline.bcast(heads, call.recv, parent, children, chunk, on_chunk=lambda done: arrived(done * chunk))
+            pipeline.bcast(heads, call.recv, routes, chunk, on_chunk=lambda done: arrived(done * chunk))
 
     shm.bcast(call.recv, source, produce=produce)

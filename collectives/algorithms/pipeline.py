@@ -1,16 +1,20 @@
-"""Chunked, pipelined reduce and broadcast along any tree of ranks, over point-to-point messages.
+"""Chunked, pipelined reduce and broadcast along trees of ranks, over point-to-point messages.
 
-The tree shape (binomial, chain) comes from the caller; this module moves the chunks. While chunk c is
-being reduced, chunk c+1 from every child is already in flight, and the reduced chunk c is sent to the
-parent without waiting for it to arrive. Each rank combines its own chunk first, then its children's
-in the order given, so the summation order is fixed by the shape alone.
+The tree shapes (binomial, chain, chains in turn) come from the caller; this module moves the chunks. Chunk c
+goes along routes[c % len(routes)]: each such turn is a pipeline of its own, with its own tag and buffers, and
+a rank moves whichever turn's next chunk is ready, so a turn whose chunks come late holds up no other (waiting
+in chunk order, a rank at the end of one turn and the head of the next makes the turns take turns). Along one
+turn, while chunk k is being reduced, chunk k+1 from every child is already in flight, and the reduced chunk k
+is sent to the parent without waiting for it to arrive. Each rank combines its own chunk first, then its
+children's in the order given, so the summation order is fixed by the shapes alone.
 """
 import numpy
 
-from collectives.waiting import wait, wait_all
+from collectives.waiting import wait_all, wait_any
 from kernels.reduce import reduce_into
 
-_TAG = 7301
+_TAG = 7301  # turn t's reduce: _TAG + 2 t; its broadcast: one more
+_DEPTH = 2  # double buffering along a turn: chunk k+1 lands while chunk k is reduced
 
 
 def chunk_slices(n, chunk):
@@ -31,72 +35,126 @@ class ScratchPool:
         return buf[:nbytes].view(dtype)
 
 
-def reduce(comm, own, out, op, parent, children, chunk, scratch):
-    """Reduce `own` of every rank of the tree; the rank with parent None gets the result in `out`.
+def reduce(comm, own, out, op, routes, chunk, scratch):
+    """Reduce `own` of every rank of the trees; their root gets the result in `out`.
 
-    own/out are 1-D arrays of one dtype (out may be own). parent is a rank or None; children a list.
+    own/out are 1-D arrays of one dtype (out may be own). routes: this rank's (parent, children) in each tree
+    the chunks take in turn (one tree: a list of one); the root is the root of every one, its parent None.
     """
-    dtype = own.dtype
     pieces = chunk_slices(own.shape[0], chunk)
-    if not children:
-        _reduce_leaf(comm, own, out, parent, pieces)
-        return
-    depth = 2  # double buffering: chunk c+1 lands while chunk c is reduced
-    inbox = [[scratch.get(("in", i, d), chunk * dtype.itemsize, dtype) for d in range(depth)]
-             for i in range(len(children))]
-    outbox = [scratch.get(("out", d), chunk * dtype.itemsize, dtype) for d in range(depth)]
-    recvs = {}
-    sends = [None] * depth
+    turns = [_ReduceTurn(comm, own, out, op, route, pieces[t::len(routes)], t, chunk, scratch)
+             for t, route in enumerate(routes)]
+    while True:
+        moved = False
+        for turn in turns:
+            while turn.ready():
+                turn.step()
+                moved = True
+        pending = [request for turn in turns for request in turn.pending()]
+        if not pending:
+            break
+        if not moved:
+            wait_any(pending)
+    wait_all([request for turn in turns for request in turn.sent])
 
-    def post(c):
-        if c < len(pieces):
-            width = pieces[c].stop - pieces[c].start
-            recvs[c] = [comm.Irecv(inbox[i][c % depth][:width], child, _TAG)
-                        for i, child in enumerate(children)]
 
-    for c in range(min(depth, len(pieces))):
-        post(c)
-    for c, s in enumerate(pieces):
-        width = s.stop - s.start
-        wait_all(recvs.pop(c))
-        if parent is None:
-            target = out[s]
+class _ReduceTurn:
+    """One turn's chunks of a reduce, in order along its tree: its receives posted _DEPTH ahead into its own
+    slots, each reduced chunk sent up from its own slot once the send of the chunk _DEPTH before has left it."""
+
+    def __init__(self, comm, own, out, op, route, pieces, t, chunk, scratch):
+        self.comm, self.own, self.out, self.op, self.pieces = comm, own, out, op, pieces
+        self.parent, self.children = route
+        self.tag = _TAG + 2 * t
+        nbytes, dtype = chunk * own.dtype.itemsize, own.dtype
+        self.inbox = [[scratch.get(("in", t, i, d), nbytes, dtype) for d in range(_DEPTH)]
+                      for i in range(len(self.children))]
+        self.outbox = [scratch.get(("out", t, d), nbytes, dtype) for d in range(_DEPTH)]
+        self.next = 0  # the chunk (of this turn's) to reduce next
+        self.recvs = {}
+        self.sent = []  # chunk k's send up, where there is a parent
+        for k in range(_DEPTH):
+            self._post(k)
+
+    def _post(self, k):
+        if k < len(self.pieces) and self.children:
+            width, d = _width(self.pieces[k]), k % _DEPTH
+            self.recvs[k] = [self.comm.Irecv(self.inbox[i][d][:width], child, self.tag)
+                             for i, child in enumerate(self.children)]
+
+    def _needs(self):
+        """What chunk `next` waits for: its children's parts, and the send that last used its slot."""
+        k = self.next
+        if k >= len(self.pieces):
+            return []
+        slot_used = self.children and self.parent is not None and k >= _DEPTH
+        return self.recvs.get(k, []) + ([self.sent[k - _DEPTH]] if slot_used else [])
+
+    def ready(self):
+        return self.next < len(self.pieces) and all(request.Test() for request in self._needs())
+
+    def pending(self):
+        return [request for request in self._needs() if request]
+
+    def step(self):
+        k = self.next
+        s = self.pieces[k]
+        self.recvs.pop(k, None)
+        if not self.children:  # this turn's leaf: its own part goes up as it is, or (a tree of one) to out
+            target = self.own[s]
+            if self.parent is None and self.out is not self.own:
+                self.out[s] = self.own[s]
         else:
-            if sends[c % depth] is not None:
-                wait(sends[c % depth])
-            target = outbox[c % depth][:width]
-        reduce_into(target, [own[s]] + [inbox[i][c % depth][:width] for i in range(len(children))], op)
-        post(c + depth)
-        if parent is not None:
-            sends[c % depth] = comm.Isend(target, parent, _TAG)
-    wait_all([r for r in sends if r is not None])
+            d, width = k % _DEPTH, _width(s)
+            target = self.out[s] if self.parent is None else self.outbox[d][:width]
+            reduce_into(target, [self.own[s]] + [self.inbox[i][d][:width] for i in range(len(self.children))],
+                        self.op)
+        self._post(k + _DEPTH)
+        if self.parent is not None:
+            self.sent.append(self.comm.Isend(target, self.parent, self.tag))
+        self.next += 1
 
 
-def _reduce_leaf(comm, own, out, parent, pieces):
-    """A rank without children sends its own chunks up, or (a tree of one) copies them to out."""
-    if parent is not None:
-        wait_all([comm.Isend(own[s], parent, _TAG) for s in pieces])
-    elif out is not own:
-        out[:] = own
+def bcast(comm, buf, routes, chunk, on_chunk=None):
+    """Broadcast `buf` from the root down the trees of `routes` (as in `reduce`), forwarding each chunk on arrival.
 
-
-def bcast(comm, buf, parent, children, chunk, on_chunk=None):
-    """Broadcast `buf` from the rank with parent None down the tree, forwarding each chunk on arrival.
-
-    on_chunk(chunks_done) is called after each chunk has arrived (the shared-memory stage publishes it).
+    on_chunk(chunks_done) is called as the run of chunks arrived from the first grows (the shared-memory stage
+    publishes them).
     """
-    pieces = chunk_slices(buf.shape[0], chunk)
+    forward(comm, [buf[s] for s in chunk_slices(buf.shape[0], chunk)], routes, on_chunk)
+
+
+def forward(comm, chunks, routes, on_chunk=None):
+    """The broadcast of MPI buffers `chunks`, chunk c down routes[c % len(routes)]: the root sends them all at
+    once, every other rank forwards each as it arrives. A turn's chunks come in order along one path, the turns'
+    each at its own pace, so each turn has its own tag and its chunks are forwarded as they come: waiting for
+    them in chunk order would hold a turn's chunk that has arrived behind another's still on its way."""
+    turns = len(routes)
     sends = []
-    if parent is None:
-        for c, s in enumerate(pieces):
-            sends.extend(comm.Isend(buf[s], child, _TAG) for child in children)
-            if on_chunk is not None:
-                on_chunk(c + 1)
+    if routes[0][0] is None:
+        for c, chunk in enumerate(chunks):
+            sends.extend(comm.Isend(chunk, child, _TAG + 1 + 2 * (c % turns)) for child in routes[c % turns][1])
+        if on_chunk is not None and chunks:
+            on_chunk(len(chunks))
     else:
-        recvs = [comm.Irecv(buf[s], parent, _TAG) for s in pieces]
-        for c, s in enumerate(pieces):
-            wait(recvs[c])
-            sends.extend(comm.Isend(buf[s], child, _TAG) for child in children)
-            if on_chunk is not None:
-                on_chunk(c + 1)
+        recvs = [comm.Irecv(chunk, routes[c % turns][0], _TAG + 1 + 2 * (c % turns)) for c, chunk in enumerate(chunks)]
+        arrived = [False] * len(chunks)
+        done = 0
+        next_of_turn = list(range(min(turns, len(chunks))))
+        while next_of_turn:
+            wait_any([recvs[c] for c in next_of_turn])
+            for i, c in enumerate(next_of_turn):
+                if recvs[c].Test():
+                    sends.extend(comm.Isend(chunks[c], child, _TAG + 1 + 2 * (c % turns)) for child in routes[c % turns][1])
+                    arrived[c] = True
+                    next_of_turn[i] = c + turns
+            next_of_turn = [c for c in next_of_turn if c < len(chunks)]
+            if on_chunk is not None and arrived[done]:
+                while done < len(chunks) and arrived[done]:
+                    done += 1
+                on_chunk(done)
     wait_all(sends)
+
+
+def _width(piece):
+    return piece.stop - piece.start

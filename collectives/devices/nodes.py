@@ -40,8 +40,8 @@ def _reduce(comm, call, stream):
         node_stage()
         heads = topo.heads_comm(root)  # collective on first use: every rank asks
         if heads is not None:
-            parent, children, chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.send.dtype,
-                                                                  topo.node_of[root])
+            [(parent, children)], chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.send.dtype,
+                                                                      topo.node_of[root], turns=False)
             pipeline.reduce(heads, node_result, node_result, call.op_name, parent, children, chunk, scratch,
                             scratch.cuda_aware)
 
@@ -59,7 +59,8 @@ def _allreduce(comm, call, stream):
         node_reduce()
         if leader:
             leaders, scratch = topo.leaders_comm, _scratch(comm, call.device)
-            parent, children, chunk = hierarchical.heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0)
+            [(parent, children)], chunk = hierarchical.heads_pipeline(comm, leaders, call.nbytes, call.recv.dtype, 0,
+                                                                      turns=False)
             pipeline.reduce(leaders, call.recv, call.recv, call.op_name, parent, children, chunk, scratch,
                             scratch.cuda_aware)
             pipeline.bcast(leaders, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
@@ -80,8 +81,8 @@ def _bcast(comm, call, stream):
         heads = topo.heads_comm(root)
         if heads is not None:
             scratch.wait_for(caller_done)  # the root's data is written; the others' buffers are free
-            parent, children, chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.recv.dtype,
-                                                                  topo.node_of[root])
+            [(parent, children)], chunk = hierarchical.heads_pipeline(comm, heads, call.nbytes, call.recv.dtype,
+                                                                      topo.node_of[root], turns=False)
             pipeline.bcast(heads, call.recv, parent, children, chunk, scratch, scratch.cuda_aware)
         node_stage()
 

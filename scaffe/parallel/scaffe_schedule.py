@@ -72,6 +72,8 @@ class SCaffeSchedule(Schedule):
     def __init__(self, solver, comm):
         super().__init__(solver, comm)
         self.propagation = self.duplicate()  # parameters travel beside the gradient reduces, not behind them
+        for lane in (self.comm, self.propagation):  # gradients to the root while parameters leave it
+            lane.two_way = True  # collectives.Comm: the node heads take chains in turn
         self.piece_bytes = piece_bytes()
         self._messages = Messages(solver, message_bytes())
         self._per_piece = updates_by_piece(solver, self.rank)  # clipping needs every gradient first

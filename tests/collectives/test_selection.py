@@ -54,3 +54,44 @@ def test_node_heads_take_a_chain_once_it_fills_faster_than_the_trees_root_drains
     assert hierarchical.heads_shape(mib, 16, mib)[0] is tree.shape  # 4 chunks fill 16 heads slower than 4 x 4
     assert hierarchical.heads_shape(64 * mib, 2, mib)[0] is tree.shape  # two heads: both shapes are one link
     assert hierarchical.heads_shape(40000, 3, 4096) == (chain.shape, 4096)  # a smaller setting is the largest chunk
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_chains_in_turn_end_at_each_non_root_rank_once_and_share_out_the_forwarding(size):
+    """chain.turns: every turn a chain of all ranks from the root, its links the same seen from either end; each
+    non-root rank ends one turn, so it forwards a reduce's and a broadcast's chunks in all turns but that one."""
+    for root in range(size):
+        routes = [chain.turns(rank, size, root) for rank in range(size)]
+        assert all(len(r) == max(1, size - 1) for r in routes)
+        ends = []
+        for turn in range(max(1, size - 1)):
+            parents = {rank: routes[rank][turn][0] for rank in range(size)}
+            assert [rank for rank, parent in parents.items() if parent is None] == [root]
+            for rank in range(size):
+                assert routes[rank][turn][1] == [child for child, p in parents.items() if p == rank]
+                assert len(routes[rank][turn][1]) <= 1
+            ends += [rank for rank in range(size) if not routes[rank][turn][1]]
+        assert sorted(ends) == sorted(set(range(size)) - {root}) or size == 1
+
+
+class _Heads:
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+
+def test_node_heads_share_a_calls_chunks_equally_among_the_chains_in_turn():
+    """An S-Caffe piece of 2 MiB on 4 heads, its communicator two-way: 9 chunks, 3 along each turn (8 would load
+    two turns more)."""
+    comm = type("Comm", (), {"chunk_bytes": 1 << 20})()
+    routes, chunk = hierarchical.heads_pipeline(comm, _Heads(1, 4), 2 << 20, "float32", 0, turns=True)
+    assert routes == chain.turns(1, 4, 0) and -(-(2 << 18) // chunk) == 9
+    routes, chunk = hierarchical.heads_pipeline(comm, _Heads(1, 4), 2 << 20, "float32", 0, turns=False)
+    assert routes == [chain.shape(1, 4, 0)] and chunk == (256 << 10) // 4  # one way at a time: one chain
+    routes, chunk = hierarchical.heads_pipeline(comm, _Heads(1, 2), 2 << 20, "float32", 0, turns=True)
+    assert routes == [tree.shape(1, 2, 0)] and chunk == (256 << 10) // 4

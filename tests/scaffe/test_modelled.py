@@ -117,7 +117,8 @@ def test_cluster_sim_bounds_and_saved_results(tmp_path):
     assert bound_ms("native", 10.0, 10_000_000, 2, link) == pytest.approx(20.0)   # C + 2 (H-1)/H B / T
     assert bound_ms("allreduce", 10.0, 10_000_000, 4, link) == pytest.approx(15.0)  # max(C, 2 (H-1)/H B / T)
     assert bound_ms("scaffe", 10.0, 10_000_000, 1, link) == 10.0                    # one host: no link
-    assert bound_ms("scaffe", 10.0, 30_000_000, 3, link) == pytest.approx(60.0)     # B both ways between hosts
+    assert bound_ms("scaffe", 10.0, 30_000_000, 2, link) == pytest.approx(30.0)     # B both ways between hosts
+    assert bound_ms("scaffe", 10.0, 30_000_000, 4, link) == pytest.approx(50.0)     # (2H-3)/(H-1) B: chains in turn
     saved = tmp_path / "run.txt"
     saved.write_text("noise\nRESULT net=googlenet gpu=h100 hosts=2 per_host=8 link=100gbit schedule=scaffe "
                      "iter_ms=13.28 x_bound=1.069 efficiency=0.935\n")
