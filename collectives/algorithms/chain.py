@@ -15,8 +15,8 @@ def turns(rank, size, root):
 
     Along one chain a middle rank forwards a reduce's n bytes to the root and a broadcast's n bytes away from
     it: 2 n each way when both run at once. With a call's chunks taken along the turns in equal numbers, each
-    non-root rank ends 1/(size-1) of them and forwards (2 size - 3)/(size - 1) n, the least a reduce to the root
-    and a broadcast from it can carry where the root holds the whole result (perf/RESULTS.md, "Chains in turn").
+    non-root rank ends 1/(size-1) of them and carries (2 size - 3)/(size - 1) n each way (perf/RESULTS.md,
+    "Chains in turn among node heads").
     """
     others = [(root + 1 + j) % size for j in range(size - 1)]
     routes = []
