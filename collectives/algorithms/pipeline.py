@@ -130,14 +130,19 @@ def forward(comm, chunks, routes, on_chunk=None):
     each at its own pace, so each turn has its own tag and its chunks are forwarded as they come: waiting for
     them in chunk order would hold a turn's chunk that has arrived behind another's still on its way."""
     turns = len(routes)
+    tags = [_TAG + 1 + 2 * t for t in range(turns)]
     sends = []
+
+    def send(c):
+        sends.extend(comm.Isend(chunks[c], child, tags[c % turns]) for child in routes[c % turns][1])
+
     if routes[0][0] is None:
-        for c, chunk in enumerate(chunks):
-            sends.extend(comm.Isend(chunk, child, _TAG + 1 + 2 * (c % turns)) for child in routes[c % turns][1])
+        for c in range(len(chunks)):
+            send(c)
         if on_chunk is not None and chunks:
             on_chunk(len(chunks))
     else:
-        recvs = [comm.Irecv(chunk, routes[c % turns][0], _TAG + 1 + 2 * (c % turns)) for c, chunk in enumerate(chunks)]
+        recvs = [comm.Irecv(chunk, routes[c % turns][0], tags[c % turns]) for c, chunk in enumerate(chunks)]
         arrived = [False] * len(chunks)
         done = 0
         next_of_turn = list(range(min(turns, len(chunks))))
@@ -145,7 +150,7 @@ def forward(comm, chunks, routes, on_chunk=None):
             wait_any([recvs[c] for c in next_of_turn])
             for i, c in enumerate(next_of_turn):
                 if recvs[c].Test():
-                    sends.extend(comm.Isend(chunks[c], child, _TAG + 1 + 2 * (c % turns)) for child in routes[c % turns][1])
+                    send(c)
                     arrived[c] = True
                     next_of_turn[i] = c + turns
             next_of_turn = [c for c in next_of_turn if c < len(chunks)]
