@@ -43,8 +43,8 @@ def heads_pipeline(comm, heads, nbytes, dtype, root, turns):
         return [shape(rank, size, root)], chunk
     routes = chain.turns(rank, size, root)
     count = nbytes // itemsize
-    chunks = -(-max(1, -(-count // chunk)) // len(routes)) * len(routes)
-    return routes, max(1, -(-count // chunks))
+    per_turn = -(-max(1, -(-count // chunk)) // len(routes))  # the call's chunks, as many along each turn
+    return routes, max(1, -(-count // (per_turn * len(routes))))
 
 
 def reduce(comm, call):
