@@ -21,6 +21,11 @@ def chunk_slices(n, chunk):
     return [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]
 
 
+def chunk_width(piece):
+    """The elements of a chunk_slices slice."""
+    return piece.stop - piece.start
+
+
 class ScratchPool:
     """Grow-only receive and send buffers reused across calls (allocation is slower than the copy)."""
 
@@ -78,7 +83,7 @@ class _ReduceTurn:
 
     def _post(self, k):
         if k < len(self.pieces) and self.children:
-            width, d = _width(self.pieces[k]), k % _DEPTH
+            width, d = chunk_width(self.pieces[k]), k % _DEPTH
             self.recvs[k] = [self.comm.Irecv(self.inbox[i][d][:width], child, self.tag)
                              for i, child in enumerate(self.children)]
 
@@ -105,7 +110,7 @@ class _ReduceTurn:
             if self.parent is None and self.out is not self.own:
                 self.out[s] = self.own[s]
         else:
-            d, width = k % _DEPTH, _width(s)
+            d, width = k % _DEPTH, chunk_width(s)
             target = self.out[s] if self.parent is None else self.outbox[d][:width]
             reduce_into(target, [self.own[s]] + [self.inbox[i][d][:width] for i in range(len(self.children))],
                         self.op)
@@ -116,19 +121,15 @@ class _ReduceTurn:
 
 
 def bcast(comm, buf, routes, chunk, on_chunk=None):
-    """Broadcast `buf` from the root down the trees of `routes` (as in `reduce`), forwarding each chunk on arrival.
+    """Broadcast `buf` from the root down the trees of `routes` (as in `reduce`): the root sends every chunk at
+    once, every other rank forwards each as it arrives. A turn's chunks come in order along one path, the turns'
+    each at its own pace, so each turn has its own tag and its chunks are forwarded as they come: waiting for
+    them in chunk order would hold a turn's chunk that has arrived behind another's still on its way.
 
     on_chunk(chunks_done) is called as the run of chunks arrived from the first grows (the shared-memory stage
     publishes them).
     """
-    forward(comm, [buf[s] for s in chunk_slices(buf.shape[0], chunk)], routes, on_chunk)
-
-
-def forward(comm, chunks, routes, on_chunk=None):
-    """The broadcast of MPI buffers `chunks`, chunk c down routes[c % len(routes)]: the root sends them all at
-    once, every other rank forwards each as it arrives. A turn's chunks come in order along one path, the turns'
-    each at its own pace, so each turn has its own tag and its chunks are forwarded as they come: waiting for
-    them in chunk order would hold a turn's chunk that has arrived behind another's still on its way."""
+    chunks = [buf[s] for s in chunk_slices(buf.shape[0], chunk)]
     turns = len(routes)
     tags = [_TAG + 1 + 2 * t for t in range(turns)]
     sends = []
@@ -159,7 +160,3 @@ def forward(comm, chunks, routes, on_chunk=None):
                     done += 1
                 on_chunk(done)
     wait_all(sends)
-
-
-def _width(piece):
-    return piece.stop - piece.start

@@ -17,7 +17,7 @@ import numpy
 from mpi4py import MPI
 
 from collectives import settings
-from collectives.algorithms.pipeline import chunk_slices
+from collectives.algorithms.pipeline import chunk_slices, chunk_width
 
 _TAG = 7302
 _DEPTH = 2  # double buffering: chunk c+1 moves while chunk c is reduced
@@ -131,7 +131,7 @@ class _ReducePipeline:
         for c in range(_DEPTH):
             self._post(c)
         for c, s in enumerate(self.pieces):
-            d, width = c % _DEPTH, _width(s)
+            d, width = c % _DEPTH, chunk_width(s)
             source = self._reduce_chunk(c, d, width) if self.children else self.own[s]
             if self.parent is not None and not self.direct:
                 self._fetch(d, width, source)
@@ -143,7 +143,7 @@ class _ReducePipeline:
     def _post(self, c):
         """Receive chunk c from every child into slot c % _DEPTH (pinned, or the device slot when direct)."""
         if c < len(self.pieces):
-            width, d = _width(self.pieces[c]), c % _DEPTH
+            width, d = chunk_width(self.pieces[c]), c % _DEPTH
             if self.direct:
                 into = [self.device.mpi_buffer(slots[d][:width]) for slots in self.device_in]
             else:
@@ -191,7 +191,7 @@ class _ReducePipeline:
 
     def _finish(self, c):
         """The host's part of chunk c, done while the device works on chunk c+1."""
-        d, width = c % _DEPTH, _width(self.pieces[c])
+        d, width = c % _DEPTH, chunk_width(self.pieces[c])
         if self.parent is not None:
             self.sends[d] = self._send_up(c, d, width)
         if self.children:
@@ -232,10 +232,10 @@ def _bcast_staged(comm, buf, parent, children, chunk, scratch, pieces):
 
     def post(c):
         if parent is not None and c < len(pieces):
-            recvs[c] = comm.Irecv(host[c % _DEPTH][:_width(pieces[c])], parent, _TAG)
+            recvs[c] = comm.Irecv(host[c % _DEPTH][:chunk_width(pieces[c])], parent, _TAG)
 
     def finish(c):
-        d, width = c % _DEPTH, _width(pieces[c])
+        d, width = c % _DEPTH, chunk_width(pieces[c])
         device.synchronize(moved[d])  # the root: MPI reads the pinned copy; the others: the slot is free
         if parent is None:
             sends[d] = [comm.Isend(host[d][:width], child, _TAG) for child in children]
@@ -246,7 +246,7 @@ def _bcast_staged(comm, buf, parent, children, chunk, scratch, pieces):
     for c in range(_DEPTH):
         post(c)
     for c, s in enumerate(pieces):
-        d, width = c % _DEPTH, _width(s)
+        d, width = c % _DEPTH, chunk_width(s)
         if parent is None:
             MPI.Request.Waitall(sends[d])  # MPI has sent chunk c-2 from the pinned slot
             device.copy(host[d][:width], buf[s], stream)
@@ -274,7 +274,3 @@ def _bcast_direct(comm, chunks, parent, children):
             request.Wait()
             sends.extend(comm.Isend(chunk, child, _TAG) for child in children)
     MPI.Request.Waitall(sends)
-
-
-def _width(piece):
-    return piece.stop - piece.start
