@@ -21,6 +21,7 @@ import time
 import numpy
 from mpi4py import MPI
 
+from collectives import events
 from scaffe.elastic import settings
 from scaffe.elastic.growth import GROW_FILE, GrowRequested
 from scaffe.elastic.replication import Replication
@@ -48,6 +49,9 @@ class Committer(SolverCallback):
         self._next = None  # the iteration of the next commit; before the first, every multiple of `every`
         self._last_commit = None  # the iteration record of the last commit
         self.control = None if comm is None else MPI.Intracomm(MPI.Intracomm.Dup(comm))
+        # Reported to collectives.events like the gradients' calls: a rank lost while the others wait here (a
+        # link gone down at a commit point) is then found by the stall inspector too, instead of hanging the job.
+        self.names = {text: events.Name(text, None) for text in ("Commit gather", "Commit Allreduce")}
         self.rank = 0 if comm is None else comm.Get_rank()
         self.size = 1 if comm is None else comm.Get_size()
         self.replication = Replication(directory, ModelLayout(solver.net), comm, topology, self.root,
@@ -77,12 +81,14 @@ class Committer(SolverCallback):
         started = time.perf_counter()
         self.solver.parameters_read()
         mine = rank_state(self.solver)
-        ranks = [mine] if self.control is None else self.control.gather(mine, root=self.root)
+        ranks = [mine] if self.control is None else events.reported(self.names["Commit gather"], 0,
+                                                                     self.control.gather, mine, self.root)
         # Whether any rank found GROW, and the root's spacing from here on (the others give 0).
         shared = numpy.array([os.path.exists(os.path.join(self.directory, GROW_FILE)),
                               self._measured_spacing(record) if self.rank == self.root else 0], numpy.int64)
         if self.control is not None:
-            self.control.Allreduce(MPI.IN_PLACE, shared, op=MPI.MAX)
+            events.reported(self.names["Commit Allreduce"], shared.nbytes, self.control.Allreduce, MPI.IN_PLACE,
+                            shared, MPI.MAX)
         grow, self.spacing = bool(shared[0]), int(shared[1])
         self._next, self._last_commit = self.solver.iter + self.spacing, record
         if self.rank == self.root:

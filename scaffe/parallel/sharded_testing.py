@@ -4,9 +4,12 @@ Global test batch k (counted over all tests of a net, as its data layer's stream
 rank k mod P: the net's data layers read blocks of one batch (scaffe.data.sharding), so rank r's
 j-th batch is global batch j*P + r, exactly the batch one process would read. The root gathers
 every batch's outputs and sums them in batch order: the report equals one process's, number for
-number, and no rank waits while the root tests alone.
+number, and no rank waits while the root tests alone. The gathers are reported to collectives.events, so the
+stall inspector finds a rank lost while the others wait in one.
 """
 import numpy
+
+from collectives import events
 
 SHARDED_SOURCES = ("Data", "HDF5Data")  # layers that read their shard of a database (scaffe.data.sharding)
 # Sources that make the same (or unrelated random) samples on every rank: sharding them would not
@@ -39,6 +42,7 @@ class ShardedTesting:
         for net in nets:
             shard_by_batch(net, self.rank, self.size)
         self._batches_run = [0] * len(nets)  # global batches each net's stream has given out so far
+        self.name = events.Name("Test gather", None)
 
     def batches(self, net_id, iterations):
         """Global indices of this rank's batches in the next test of `iterations` batches of net `net_id`."""
@@ -48,7 +52,7 @@ class ShardedTesting:
 
     def gather(self, batches, rows):
         """The root gets every rank's `rows` (one array per batch) in global batch order; others get None."""
-        parts = self.comm.gather((list(batches), numpy.asarray(rows, dtype=numpy.float64)), root=self.root)
+        parts = self._gather((list(batches), numpy.asarray(rows, dtype=numpy.float64)))
         if self.rank != self.root:
             return None
         return _in_batch_order(zip(indices, block) for indices, block in parts)
@@ -62,9 +66,12 @@ class ShardedTesting:
         mine = self.batches(net_id, iterations)
         for start in range(first, first + iterations, self.size):
             results = [(k, run_batch()) for k in mine if start <= k < start + self.size]
-            parts = self.comm.gather(results, root=self.root)
+            parts = self._gather(results)
             if self.rank == self.root:
                 yield from _in_batch_order(parts)
+
+    def _gather(self, part):
+        return events.reported(self.name, 0, self.comm.gather, part, self.root)
 
 
 def _in_batch_order(parts):

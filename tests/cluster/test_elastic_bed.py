@@ -100,14 +100,17 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
     assert "Optimization Done." in "".join(job.lines[at:])
 
 
-def test_a_host_behind_a_link_that_went_down_is_left_behind_in_seconds(bed_of_four, mnist, tmp_path):
+@pytest.mark.parametrize("when", ["training", "at a commit"])
+def test_a_host_behind_a_link_that_went_down_is_left_behind_in_seconds(bed_of_four, mnist, tmp_path, when):
+    """The link goes down while the ranks train, or just before a commit point (iteration 59, commits every 20),
+    where they wait in the commit's own collectives."""
     bed = bed_of_four
     h1, h2, h3, _ = addresses(bed)
     link = ["ip", "netns", "exec", bed.namespace(2), "ip", "link", "set", "eth0"]
     # 1200 iterations, so that a fast machine is still training when the link goes down (the stall limit: 60 s).
     with elastic_job(bed, tmp_path, [h1, h2, h3], 1200, {}) as job:
         cut_at, at = job.iteration()
-        while cut_at < 45:
+        while cut_at < 45 or (when == "at a commit" and cut_at % 20 != 19):
             cut_at, at = job.iteration(at + 1)
         subprocess.run(link + ["down"], check=True, timeout=30)
         cut = time.monotonic()

@@ -107,6 +107,23 @@ def test_native_schedule_collectives_are_labelled_and_not_hidden(mnist, tmp_path
     assert all(not r["backward_us"] for r in rows)
 
 
+def test_commits_and_sharded_tests_talk_in_collectives_the_stall_inspector_hears(mnist, tmp_path):
+    """A commit's gather and allreduce and a sharded test's gathers reach collectives.events like the gradients'
+    calls: a rank lost while the others wait in one of them (a link gone down at a commit point) is found by the
+    stall inspector instead of hanging the job; the timeline hears the same events."""
+    solver = tmp_path / "tested.prototxt"
+    solver.write_text(f'net: "{ROOT}/examples/mnist/lenet_train_test.prototxt"\n'
+                      'base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" display: 0 max_iter: 4 test_iter: 2\n'
+                      'test_interval: 2 test_initialization: false snapshot_after_train: false random_seed: 1\n')
+    _train(tmp_path, 2, f"--solver={solver}", "--schedule=native", f"--timeline={tmp_path / 't.json'}",
+           env={"SCAFFE_COMMIT_ITERS": "2", "SCAFFE_COMMIT_DIR": str(tmp_path / "commits")})
+    trace = timeline.load(tmp_path / "t.json")
+    for rank in (0, 1):
+        names = [e["name"] for e in _complete(trace, rank) if e["cat"] == "collective"]
+        # Commits at iterations 2 and 4; tests at 2 and 4 (the last one after training), a gather per round.
+        assert [names.count(name) for name in ("Commit gather", "Commit Allreduce", "Test gather")] == [2, 2, 2]
+
+
 def test_hidden_fraction_and_report_on_a_known_trace():
     def x(name, cat, tid, start, end, **args):
         return {"name": name, "cat": cat, "ph": "X", "pid": 0, "tid": tid, "ts": start, "dur": end - start,
