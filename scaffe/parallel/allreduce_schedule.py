@@ -19,20 +19,22 @@ Held pieces (scaffe.parallel.deferral, as in the S-Caffe schedule), where a budg
 go into buckets during backward; the others are packed when backward is over, lowest layer first, so conv1's sum
 travels ahead of fc6's tail, and every rank updates each of those buckets during the next iteration's forward,
 before the forward of the lowest layer it holds, with the rate and iteration of the iteration whose gradients it
-holds. Rank 0's budget reaches the others in the last bucket (each rank adds 0), so all hold back the same pieces.
-Before anything reads the parameters between iterations (a test, a snapshot, the end of `Solver.step`) they all
-land: `on_parameters_read`.
+holds. So is, with a budget, every bucket of the backward still in flight when it ends, before the forward of its
+lowest layer: the iteration does not wait for the link's backlog, and conv1's held bucket does not queue behind it
+(the held buckets and the flags have a lane of their own, `closing`). Rank 0's budget reaches the others with the
+flags (each rank adds 0), so all hold back the same pieces. Before anything reads the parameters between
+iterations (a test, a snapshot, the end of `Solver.step`) they all land: `on_parameters_read`.
 
 A solver that clips gradients (`clip_gradients`) needs their global norm: it then updates the whole
 model after the last bucket, as a single process does (said once in the log), and holds nothing back.
 
-Stop/snapshot requests ride in the last bucket: each rank appends one 0/1 flag per effect, and the
-summed flags (exact in any float type) tell every rank, after the same Waitall, what any rank asked.
+Stop/snapshot requests travel in a small host Iallreduce on the closing lane, posted as backward starts and waited
+for when it ends: one 0/1 flag per effect from each rank, whose sums tell every rank what any rank asked.
 
 On a GPU the buckets are device buffers of the gradients' own array module, packed on the compute
 stream; each bucket's Iallreduce starts once an event after its packing has completed, and its update runs
-on the update stream, which the next forward of its layers waits for (see scaffe.parallel.streams). The flags and the budget then travel in a small host Iallreduce of their
-own, after the last bucket: reading them from a device bucket would make the host wait for the device.
+on the update stream, which the next forward of its layers waits for (see scaffe.parallel.streams). The flags and the budget stay
+on the host: reading them from a device bucket would make the host wait for the device.
 """
 import numpy
 from mpi4py import MPI
@@ -73,6 +75,9 @@ class AllreduceSchedule(Schedule):
         self.piece_bytes = piece_bytes()
         self.bucket_bytes = message_bytes()  # the least a bucket holds before it goes (but the last)
         self.lanes = (comm, *(self.duplicate() for _ in range(allreduce_lanes() - 1)))  # bucket k: lane k mod L
+        # What follows a backward has a lane of its own, so that it never queues behind that backward's last
+        # buckets: the request flags, then the held buckets, lowest layer first.
+        self.closing = self.duplicate()
         self._by_piece = updates_by_piece(solver, self.rank)
         solver.applies_update = not self._by_piece  # else each bucket's pieces are updated below
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
@@ -80,16 +85,20 @@ class AllreduceSchedule(Schedule):
         self._budget = Budget(backward_bytes(self.on_device), self._by_piece and not solver.param.snapshot_diff,
                               self.order)
         self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
+        # Where pieces may be held back, the buckets still in flight when backward ends are updated like held
+        # ones, before their layers' next forward: the iteration ends once the flags are agreed.
+        self._carries = self._budget.fixed != UNLIMITED
         self._sent = 0             # bytes of gradients packed during this backward
         self._buckets = []         # this backward's Buckets
         self._finished = 0         # how many of them are unpacked (and updated)
         self._held = []            # pieces beyond the budget, packed after backward
         self._incoming = []        # held Buckets of the last iteration, lowest layer first, not yet updated
+        self._carried = []         # the last backward's Buckets in flight at its end, in launch order
+        self._measured = None      # (sent, total, kept_up) of that backward, for the budget once they are in
+        self._flags = self._flags_request = None  # this iteration's request flags and budget, once posted
         self._pending = []         # pieces waiting to be packed into the next bucket
         self._pending_bytes = 0
         self._storage = {}         # (kind, bucket index) -> flat buffer, grown once and reused
-        self._flags = None         # the final bucket's request flags and budget (host ones on a GPU), once launched
-        self._flags_request = None  # on a GPU: the Iallreduce of the host flags
         self.held_updates_in_forward = 0  # held buckets updated during a forward
 
     def on_start(self):
@@ -101,7 +110,9 @@ class AllreduceSchedule(Schedule):
         self.sync_once()
 
     def param_needed(self, layer_id):
-        """Before layer `layer_id`'s forward: the held buckets up to its layer are in and updated."""
+        """Before layer `layer_id`'s forward: the held and carried buckets up to its layer are in and updated."""
+        if self._carried:
+            self._land_carried(layer_id)
         done = len(self._incoming)
         while self._incoming and self._incoming[0].first_layer() <= layer_id:
             self._update_held(self._incoming.pop(0))
@@ -109,6 +120,8 @@ class AllreduceSchedule(Schedule):
         self.order.parameters_needed(layer_id)
 
     def on_parameters_read(self):
+        if self._carried:
+            self._land_carried(len(self.net.layers))
         while self._incoming:
             self._update_held(self._incoming.pop(0))
         self.order.updates_done()
@@ -116,6 +129,10 @@ class AllreduceSchedule(Schedule):
     def grads_ready(self, layer_id):
         if not self.last_pass():
             return
+        if self._carried:  # their buffers are this backward's (each carried bucket's layer had a forward since)
+            self._land_carried(len(self.net.layers))
+        if self._flags is None:
+            self._post_flags()
         pieces = layer_pieces(self.solver, self.net.grads_ready_at(layer_id), self.piece_bytes, layer_id)
         for k, piece in enumerate(pieces):
             if self._limit == UNLIMITED or self._sent + piece.diff.nbytes <= self._limit:
@@ -124,46 +141,43 @@ class AllreduceSchedule(Schedule):
                 self._pending_bytes += piece.diff.nbytes
             else:
                 self._held.append(piece)
-            final = layer_id == self.final_grads_layer and k == len(pieces) - 1  # the flags go with it
-            if self._pending_bytes >= self.bucket_bytes or final:
-                self._launch(final)
+            final = layer_id == self.final_grads_layer and k == len(pieces) - 1
+            if self._pending and (self._pending_bytes >= self.bucket_bytes or final):
+                self._launch()
         self._finish_arrived(wait=False)
 
-    def _launch(self, final=False, held=False):
-        """Pack the pending pieces into a bucket and start its Iallreduce; `final`: with the flags."""
-        xp = self.xp
-        dtype = self._pending[0].diff.dtype if self._pending else numpy.float32
+    def _launch(self, held=False):
+        """Pack the pending pieces into a bucket and start its Iallreduce (a held one's on the closing lane)."""
+        dtype = self._pending[0].diff.dtype
         count = sum(piece.diff.size for piece in self._pending)
-        flags_inside = final and xp is numpy
         buckets = self._incoming if held else self._buckets
-        lane = self.lanes[len(buckets) % len(self.lanes)]
-        flat = self._bucket_buffer(("held" if held else "backward", len(buckets)),
-                                   count + (self.flag_count + 1 if flags_inside else 0), dtype, lane)
+        lane = self.closing if held else self.lanes[len(buckets) % len(self.lanes)]
+        flat = self._bucket_buffer(("held" if held else "backward", len(buckets)), count, dtype, lane)
         layout, start = [], 0
         for piece in self._pending:
             flat[start:start + piece.diff.size] = piece.diff
             layout.append((piece, start, start + piece.diff.size))
             start += piece.diff.size
-        if flags_inside:
-            self._flags = flat[count:]
-            self._flags[:] = self._flags_and_budget()
         layers = tuple(dict.fromkeys(layer for piece in self._pending for layer in piece.layers))  # as filled
-        label = ("gradients", layers) if self._pending else None
-        if self._pending and not held:
+        if not held:
             self._budget.started()
         request = self.start(lane, lambda stream: lane.Iallreduce(MPI.IN_PLACE, flat, op=MPI.SUM, stream=stream),
-                             after=self.order.mark(), label=label)
-        step = (self.solver.get_learning_rate(), self.solver.iter) if held else None
-        buckets.append(Bucket(flat, layout, request, step))
+                             after=self.order.mark(), label=("gradients", layers))
+        buckets.append(Bucket(flat, layout, request, self._step() if held else None))
         self._pending, self._pending_bytes = [], 0
-        if final and not flags_inside:
-            self._flags = numpy.array(self._flags_and_budget(), numpy.int64)
-            self._flags_request = self.start(  # host flags: nothing to order after
-                self.comm, lambda _: self.comm.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
-    def _flags_and_budget(self):
-        """This rank's request flags, then rank 0's budget for the backwards to come (0 from the others)."""
-        return [*self.local_flags(), self._budget.value if self.rank == 0 else 0]
+    def _step(self):
+        """The (rate, iteration) a bucket updated after this iteration is updated with."""
+        return self.solver.get_learning_rate(), self.solver.iter
+
+    def _post_flags(self):
+        """This rank's request flags, then rank 0's budget for the backwards to come (0 from the others), summed
+        on the closing lane. Posted as backward starts, they cross the links ahead of its buckets instead of
+        behind them; a request made during the backward is taken at the next one's."""
+        flags = [*self.local_flags(), self._budget.value if self.rank == 0 else 0]
+        self._flags = numpy.array(flags, numpy.int64)
+        self._flags_request = self.start(  # host flags: nothing to order after
+            self.closing, lambda _: self.closing.Iallreduce(MPI.IN_PLACE, self._flags, op=MPI.SUM))
 
     def _bucket_buffer(self, key, count, dtype, lane):
         """Bucket `key`'s buffer, grown when too small and kept: host buckets live in the communicator's
@@ -177,22 +191,36 @@ class AllreduceSchedule(Schedule):
 
     def progress(self):
         self._finish_arrived(wait=False)
+        if self._carried:
+            self._land_carried(-1)
 
     def on_gradients_ready(self):
-        if self._flags is None:  # a net without gradients still agrees on requests
-            self._launch(final=True)
+        if self._pending:
+            self._launch()
         self._budget.backward_done()
         self._finish_arrived(wait=False)
         kept_up = self._finished == len(self._buckets)
-        held = sum(piece.diff.nbytes for piece in self._held)
+        if self._flags is None:  # a net without gradients still agrees on requests
+            self._post_flags()
+        self._measured = (self._sent, self._sent + sum(piece.diff.nbytes for piece in self._held), kept_up)
         self._start_held()
-        self._finish_arrived(wait=True)
-        self._budget.measure(self._sent, self._sent + held, kept_up)
+        if self._carries:
+            self._carried, step = self._buckets[self._finished:], self._step()
+            for bucket in self._carried:
+                bucket.step = step
+        else:
+            self._finish_arrived(wait=True)
+        self._buckets, self._finished = [], 0
+        if not self._carried:
+            self._measure_budget()
         self.wait_all([self._flags_request], "gradients")
         self.agreed = requests_from_flags(self._flags[:self.flag_count])
         self._limit = int(self._flags[self.flag_count])
-        self._buckets = []
         self.order.updates_done()  # the next clear of the gradients, or the update of the whole model
+
+    def _measure_budget(self):
+        self._budget.measure(*self._measured)
+        self._measured = None
 
     def _start_held(self):
         """Pack the held pieces, lowest layer first, into buckets of their own and start their Iallreduces."""
@@ -212,6 +240,25 @@ class AllreduceSchedule(Schedule):
             if bucket[0].layout:  # as `started`: a bucket of gradients
                 self._budget.arrived(bucket[0].flat.nbytes)
             self._unpack(bucket[0])
+
+    def _land_carried(self, layer_id):
+        """Unpack, in launch order, the buckets the last backward left in flight: every one up to the last that
+        holds a layer at or below `layer_id` (waited for), then those arrived. Once all are in, the budget
+        measures that backward."""
+        carried = self._carried
+        needed = max((k + 1 for k, bucket in enumerate(carried) if bucket.first_layer() <= layer_id), default=0)
+        landed = 0
+        for bucket in carried:
+            if landed < needed:
+                self.wait_all([bucket.request], "parameters", bucket.first_layer())
+            elif not bucket.request.Test():
+                break
+            self._budget.arrived(bucket.flat.nbytes)
+            self._unpack(bucket)
+            landed += 1
+        del carried[:landed]
+        if not carried:
+            self._measure_budget()
 
     def _update_held(self, bucket):
         self.wait_all([bucket.request], "parameters", bucket.first_layer())

@@ -12,8 +12,11 @@ made AlexNet's iteration faster on the bed (perf/RESULTS.md, "Held buckets for t
 budget's default"), while on the modelled bed, whose compute leaves the CPU idle as a GPU does, the measured budget
 made it faster ("Queued collectives started while the device computes"). Measured, rank 0 (the S-Caffe schedule's
 root) measures it each iteration from the collectives started during backward, seen as they arrive. If they had not
-all arrived when backward ended, the wire was the bottleneck: the budget is what the wire's rate carries in as long
-as the backward lasted from the first of them (the other ranks, whose backward may end later, have as long). If they
+all arrived when backward ended, the wire was the bottleneck: the budget is the first one's bytes and what the wire's
+rate carries from its arrival to the backward's end. Before that arrival the wire filled (the collective's own way
+through the nodes and hosts, or a late rank to wait for), carrying no more than the first one: counted from the
+first start, the allreduce schedule's budget left 1.5 ms of its buckets in flight after GoogLeNet's backward on 4
+hosts (perf/RESULTS.md, "Nothing but the flags at the end of backward"). If they
 had, the wire kept up: the budget grows by what that rate carries in the rest of the backward, and at least by the
 largest collective (nothing is held once it covers every gradient). Without a rate (fewer than two arrivals) it
 doubles, or is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The
@@ -98,7 +101,10 @@ class Budget:
             self.value = UNLIMITED if grown >= total else max(grown, GROWTH_FLOOR)
         elif rate is not None:
             window = self._device_window()
-            self.value = int(rate * (end - starts[0] if window is None else window))
+            first_at, first_bytes = arrivals[0]
+            filling = first_at - starts[0]  # the first one's way through: latency, or a late rank
+            carrying = max(0.0, end - first_at if window is None else window - filling)
+            self.value = int(first_bytes + rate * carrying)
         else:
             wire = arrivals[-1][0] - starts[0]
             self.value = int(sent * (end - starts[0]) / wire) if wire > 0 else UNLIMITED

@@ -250,6 +250,25 @@ def test_scaffe_schedule_reduces_each_piece_while_lower_layers_run_backward(mnis
         assert any(row["backward_us"] for row in rows if row["rank"] == rank), timeline.report(trace)
 
 
+def test_allreduce_schedule_ends_an_iteration_on_its_flags_and_lands_the_rest_in_the_next_forward(mnist, tmp_path):
+    """With a budget, the buckets of the pieces that fit go during backward, the held ones after it, lowest layer
+    first, behind the ranks' flags on a lane of their own; whatever is still in flight when backward ends is
+    updated before the forward that needs it (or at the end of training), which the waits name."""
+    _train(tmp_path, 2, "--schedule=allreduce", f"--timeline={tmp_path / 't.json'}",
+           env={"SCAFFE_PIECE_BYTES": "60000", "SCAFFE_BACKWARD_BYTES": "100000", "SCAFFE_MESSAGE_BYTES": "1"})
+    trace = timeline.load(tmp_path / "t.json")
+    for rank in (0, 1):
+        events = _complete(trace, rank)
+        collectives = [e for e in events if e["cat"] == "collective"]
+        buckets = [e["name"] for e in collectives if e["args"].get("carries") == "gradients"]
+        # A bucket names its layers, not its pieces: one piece each here.
+        assert sorted(buckets) == sorted([f"Iallreduce {p.split(' [')[0]}" for p in DURING_BACKWARD + HELD] * 3)
+        flags = [e for e in collectives if "carries" not in e["args"]]
+        assert len(flags) == 3 and all(e["args"]["bytes"] < 64 for e in flags)
+        waits = {e["name"] for e in events if e["cat"] == "wait" and "parameters" in e["name"]}
+        assert waits <= {f"wait parameters ({layer})" for layer in ("conv1", "conv2", "ip1", "ip2")}, waits
+
+
 def test_gpu_layers_are_timed_by_events_without_waiting_for_the_device(cupy_stand_in, monkeypatch):
     """On a GPU each layer's slice comes from CUDA events recorded around it (Net.stamp), read when the trace
     is written: timing makes no host synchronisation per layer, and the slices still follow each other."""
