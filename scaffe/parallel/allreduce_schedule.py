@@ -50,6 +50,10 @@ from scaffe.solvers.signals import requests_from_flags
 # One lane idled the link through each bucket's node stages and its waits' naps; two took most of what four did
 # (perf/RESULTS.md, "The window's stop, MPI's Ibcast under naps, buckets on two lanes").
 LANES = 2
+# The held buckets grow from this share of a bucket, doubling: the next forward then waits for conv1's sum alone,
+# not for a bucket of the layers above it too, and each later one crosses the link while the layers below it run
+# (perf/RESULTS.md, "Nothing but the flags at the end of backward").
+FIRST_HELD_SHARE = 32
 
 
 def allreduce_lanes():
@@ -223,12 +227,13 @@ class AllreduceSchedule(Schedule):
         self._measured = None
 
     def _start_held(self):
-        """Pack the held pieces, lowest layer first, into buckets of their own and start their Iallreduces."""
+        """Pack the held pieces, lowest layer first, into buckets of their own and start their Iallreduces: the
+        first of 1/FIRST_HELD_SHARE of a bucket, each next twice as large, up to a bucket."""
         held, self._held = sorted(self._held, key=lambda piece: piece.layers[0]), []  # stable within a layer
         for piece in held:
             self._pending.append(piece)
             self._pending_bytes += piece.diff.nbytes
-            if self._pending_bytes >= self.bucket_bytes:
+            if self._pending_bytes >= min(self.bucket_bytes, self.bucket_bytes // FIRST_HELD_SHARE << len(self._incoming)):
                 self._launch(held=True)
         if self._pending:
             self._launch(held=True)

@@ -17,8 +17,10 @@ rate carries from its arrival to the backward's end. Before that arrival the wir
 through the nodes and hosts, or a late rank to wait for), carrying no more than the first one: counted from the
 first start, the allreduce schedule's budget left 1.5 ms of its buckets in flight after GoogLeNet's backward on 4
 hosts (perf/RESULTS.md, "Nothing but the flags at the end of backward"). If they
-had, the wire kept up: the budget grows by what that rate carries in the rest of the backward, and at least by the
-largest collective (nothing is held once it covers every gradient). Without a rate (fewer than two arrivals) it
+had, the wire kept up: the budget grows by the largest collective (nothing is held once it covers every gradient).
+Not by what the rate carries in the rest of the backward: the pieces it lets in are the lower layers', ready only
+near its end, and the iterations swung between a budget that left the wire idle and one that left 7 MB in flight
+after backward, ahead of the held pieces the next forward waits for (same section). Without a rate (fewer than two arrivals) it
 doubles, or is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The
 wire's rate is their bytes over the time the wire spent on each, from when it could begin (it had been started and
 the one before had arrived) to its arrival, the first left out. A measurement can only see the wire slower than it
@@ -95,9 +97,8 @@ class Budget:
         rate = self._believed_rate(_wire_rate(starts, arrivals))
         end = self._backward_end
         if kept_up:
-            idle = max(0.0, end - arrivals[-1][0])
-            grown = sent + max(int(rate * idle) if rate is not None else sent,
-                               max(nbytes for _, nbytes in arrivals))
+            largest = max(nbytes for _, nbytes in arrivals)
+            grown = sent + (largest if rate is not None else max(sent, largest))
             self.value = UNLIMITED if grown >= total else max(grown, GROWTH_FLOOR)
         elif rate is not None:
             window = self._device_window()
