@@ -87,7 +87,7 @@ class AllreduceSchedule(Schedule):
         # Held buckets are updated after the iteration: not with clipping (every sum first) nor
         # snapshot_diff (the snapshot would show their diff cleared).
         self._budget = Budget(backward_bytes(self.on_device), self._by_piece and not solver.param.snapshot_diff,
-                              self.order)
+                              self.order, carried=True)
         self._limit = self._budget.value  # this backward's: rank 0's, agreed with the last iteration's flags
         # Where pieces may be held back, the buckets still in flight when backward ends are updated like held
         # ones, before their layers' next forward: the iteration ends once the flags are agreed.

@@ -12,15 +12,20 @@ made AlexNet's iteration faster on the bed (perf/RESULTS.md, "Held buckets for t
 budget's default"), while on the modelled bed, whose compute leaves the CPU idle as a GPU does, the measured budget
 made it faster ("Queued collectives started while the device computes"). Measured, rank 0 (the S-Caffe schedule's
 root) measures it each iteration from the collectives started during backward, seen as they arrive. If they had not
-all arrived when backward ended, the wire was the bottleneck: the budget is the first one's bytes and what the wire's
-rate carries from its arrival to the backward's end. Before that arrival the wire filled (the collective's own way
-through the nodes and hosts, or a late rank to wait for), carrying no more than the first one: counted from the
-first start, the allreduce schedule's budget left 1.5 ms of its buckets in flight after GoogLeNet's backward on 4
-hosts (perf/RESULTS.md, "Nothing but the flags at the end of backward"). If they
-had, the wire kept up: the budget grows by the largest collective (nothing is held once it covers every gradient).
-Not by what the rate carries in the rest of the backward: the pieces it lets in are the lower layers', ready only
-near its end, and the iterations swung between a budget that left the wire idle and one that left 7 MB in flight
-after backward, ahead of the held pieces the next forward waits for (same section). Without a rate (fewer than two arrivals) it
+all arrived when backward ended, the wire was the bottleneck: the budget is what the wire's rate carries in as long
+as the backward lasted from the first of them (the other ranks, whose backward may end later, have as long). If they
+had, the wire kept up: the budget grows by what that rate carries in the rest of the backward, and at least by the
+largest collective (nothing is held once it covers every gradient).
+
+That budget fills the backward, which suits the S-Caffe schedule, whose iteration waits for what it sent. The
+allreduce schedule's goes on into the next forward instead (`carried`), where whatever is still in flight delays
+the held pieces that forward waits for first, so its budget aims to leave nothing in flight: the first one's bytes
+and what the rate carries from its arrival to the backward's end (before that arrival the wire filled: the
+collective's way through the nodes and hosts, or a late rank, carrying no more than the first one), and, having
+kept up, one collective more. Counted from the first start it left 1.5 ms of buckets in flight after GoogLeNet's
+backward on 4 hosts, and grown by the idle end of the backward it swung between a wire left idle and 7 MB in flight;
+on the S-Caffe schedule the same two made 8 hosts 2-3.5% slower (perf/RESULTS.md, "Nothing but the flags at the end
+of backward"). Without a rate (fewer than two arrivals) it
 doubles, or is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The
 wire's rate is their bytes over the time the wire spent on each, from when it could begin (it had been started and
 the one before had arrived) to its arrival, the first left out. A measurement can only see the wire slower than it
@@ -55,12 +60,15 @@ def backward_bytes(on_device):
 class Budget:
     """Rank 0's budget of bytes for each backward, set or measured."""
 
-    def __init__(self, fixed, holds=True, order=None):
-        """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back; `order`:
+    def __init__(self, fixed, holds=True, order=None, carried=False):
+        """`fixed`: the user's budget, None to measure it; `holds` False: nothing is ever held back; `carried`:
+        what is still in flight when backward ends goes on into the next forward (the allreduce schedule's), ahead
+        of the held pieces, instead of being waited for (see the module's docstring); `order`:
         the schedule's scaffe.parallel.streams order, whose marks time the backward where the host queues
         ahead of the device (a GPU)."""
         self.fixed = fixed if holds else UNLIMITED
         self.value = UNLIMITED if self.fixed is None else self.fixed
+        self.carried = carried
         self._order = order
         self._backward_end = None
         self._marks = [None, None]  # the device's (first start, backward end), where it has marks
@@ -98,14 +106,23 @@ class Budget:
         end = self._backward_end
         if kept_up:
             largest = max(nbytes for _, nbytes in arrivals)
-            grown = sent + (largest if rate is not None else max(sent, largest))
+            if rate is None:
+                more = max(sent, largest)
+            elif self.carried:
+                more = largest
+            else:
+                more = max(int(rate * max(0.0, end - arrivals[-1][0])), largest)
+            grown = sent + more
             self.value = UNLIMITED if grown >= total else max(grown, GROWTH_FLOOR)
         elif rate is not None:
             window = self._device_window()
-            first_at, first_bytes = arrivals[0]
-            filling = first_at - starts[0]  # the first one's way through: latency, or a late rank
-            carrying = max(0.0, end - first_at if window is None else window - filling)
-            self.value = int(first_bytes + rate * carrying)
+            if self.carried:
+                first_at, first_bytes = arrivals[0]
+                filling = first_at - starts[0]  # the first one's way through: latency, or a late rank
+                carrying = max(0.0, end - first_at if window is None else window - filling)
+                self.value = int(first_bytes + rate * carrying)
+            else:
+                self.value = int(rate * (end - starts[0] if window is None else window))
         else:
             wire = arrivals[-1][0] - starts[0]
             self.value = int(sent * (end - starts[0]) / wire) if wire > 0 else UNLIMITED
