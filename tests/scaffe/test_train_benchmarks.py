@@ -54,9 +54,9 @@ def test_train_scaling_table_for_one_and_two_ranks(tmp_path):
     native = timeline.summarize(timeline.load(tmp_path / "lenet-2ranks-native-0.json"))
     assert sorted(native["ranks"]) == [0, 1] and native["hidden_fraction"] == 0
     # LeNet's 1.7 MB of gradients fill two buckets (of at least 1 MiB, but the last), named by their layers in
-    # the order backward filled them: ip1's travels during the convolutions' backward.
+    # the order backward filled them: ip1's travels during the convolutions' backward (the ranks' flags go apart).
     buckets = [(e["pid"], e["args"]["layers"]) for e in timeline.load(tmp_path / "lenet-2ranks-allreduce-0.json")
-               ["traceEvents"] if e.get("cat") == "collective" and e["name"].startswith("Iallreduce")]
+               ["traceEvents"] if e.get("cat") == "collective" and e["args"].get("carries") == "gradients"]
     assert buckets == [(rank, layers) for rank in (0, 1) for _ in range(2)
                        for layers in (["ip2", "ip1"], ["conv2", "conv1"])]
 
