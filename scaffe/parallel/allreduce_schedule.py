@@ -233,7 +233,8 @@ class AllreduceSchedule(Schedule):
         for piece in held:
             self._pending.append(piece)
             self._pending_bytes += piece.diff.nbytes
-            if self._pending_bytes >= min(self.bucket_bytes, self.bucket_bytes // FIRST_HELD_SHARE << len(self._incoming)):
+            doubled = (self.bucket_bytes // FIRST_HELD_SHARE) << len(self._incoming)
+            if self._pending_bytes >= min(self.bucket_bytes, doubled):
                 self._launch(held=True)
         if self._pending:
             self._launch(held=True)

@@ -22,10 +22,9 @@ allreduce schedule's goes on into the next forward instead (`carried`), where wh
 the held pieces that forward waits for first, so its budget aims to leave nothing in flight: the first one's bytes
 and what the rate carries from its arrival to the backward's end (before that arrival the wire filled: the
 collective's way through the nodes and hosts, or a late rank, carrying no more than the first one), and, having
-kept up, one collective more. Counted from the first start it left 1.5 ms of buckets in flight after GoogLeNet's
-backward on 4 hosts, and grown by the idle end of the backward it swung between a wire left idle and 7 MB in flight;
-on the S-Caffe schedule the same two made 8 hosts 2-3.5% slower (perf/RESULTS.md, "Nothing but the flags at the end
-of backward"). Without a rate (fewer than two arrivals) it
+kept up, one collective more. Counted from the first start it left buckets in flight after backward, and grown by
+the idle end of the backward it swung between a wire left idle and a large tail; on the S-Caffe schedule the same two
+were slower (perf/RESULTS.md, "Nothing but the flags at the end of backward"). Without a rate (fewer than two arrivals) it
 doubles, or is what the bytes sent took: `sent * (backward end - first start) / (last arrival - first start)`. The
 wire's rate is their bytes over the time the wire spent on each, from when it could begin (it had been started and
 the one before had arrived) to its arrival, the first left out. A measurement can only see the wire slower than it
