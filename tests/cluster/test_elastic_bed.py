@@ -74,8 +74,9 @@ def test_a_killed_host_is_left_behind_and_a_new_one_joins(bed_of_four, mnist, tm
     h1, h2, h3, h4 = addresses(bed)
     listed = tmp_path / "listed"
     # The ranks are paused from the resume until the supervisor has flagged the new host, so a commit is left to
-    # grow at however fast the tiny net runs; the lost-rank limit outlasts the pause.
-    with elastic_job(bed, tmp_path, [h1, h2, h3], 480, {"SCAFFE_STALL_S": "10", "SCAFFE_LOST_S": "20"}) as job:
+    # grow at however fast the tiny net runs; the lost-rank limit outlasts the pause. 1200 iterations, as below: at
+    # 480 a fast machine under the suite's load had finished (1.7 ms an iteration) before the kill reached its host.
+    with elastic_job(bed, tmp_path, [h1, h2, h3], 1200, {"SCAFFE_STALL_S": "10", "SCAFFE_LOST_S": "20"}) as job:
         killed_at, at = job.iteration()
         while killed_at < 45:
             killed_at, at = job.iteration(at + 1)
