@@ -25,7 +25,7 @@ link is shaped to rate / D, so the run is the cluster's slowed down D times; res
 within what the bed's links carry (--bed-rate); the configuration's first schedule picks D for all of them.
 Waits nap (SCAFFE_WAIT=nap, collectives.waiting) unless the environment says otherwise; MPI's own blocking
 Allreduce, the native schedule's, yields the core with a nanosleep (MPICH's MPIR_CVAR_ENABLE_HEAVY_YIELD=1)
-instead of spinning: its wake-ups are microseconds, undilated nanoseconds.
+instead of spinning, and the ranks' timer slack (perf/timer_slack.py) makes each such sleep D times YIELD_NS.
 
     python -m perf.cluster_sim --net googlenet --batch 32 --gpu h100 --hosts 1,2,4 --per-host 8 \
         --link 100gbit,25gbit --schedules scaffe,allreduce,native [--dilation auto] [--plot out.png]
@@ -50,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "jobs" / "cluster.sh"
 BED = "csim"
+YIELD_NS = 500  # the native schedule's MPI yields: how long each sleeps, undilated (perf/timer_slack.py)
 STATE = Path("/run/scaffe-bed") / BED  # jobs/cluster.sh's files for the bed: its hosts, its launcher
 BUSY_TARGET = 0.2
 MODELLED = re.compile(r"Modelled: ([0-9.]+) ms per iteration .* one rank's compute ([0-9.]+) ms, gradients (\d+) "
@@ -133,9 +134,13 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
             # iteration and leaves the bed's CPU about half as busy (perf/RESULTS.md, "The modelled bed with
             # the H200-fitted model").
             settings["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
-        command, env = launch(launcher, STATE / "hosts", per_host, settings, [
-            sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
-            f"--iterations={iterations}", f"--schedule={schedule}"])
+        train = [sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
+                 f"--iterations={iterations}", f"--schedule={schedule}"]
+        if schedule == "native":
+            # Each such nanosleep lasts about the timer slack: D times YIELD_NS, as short undilated as ever, and
+            # the spin's CPU D times smaller (perf/RESULTS.md, "MPICH's spin under a dilated timer slack").
+            train = [sys.executable, str(ROOT / "perf" / "timer_slack.py"), str(int(YIELD_NS * dilation)), *train]
+        command, env = launch(launcher, STATE / "hosts", per_host, settings, train)
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600 * 3)
     finally:
         cluster("down")

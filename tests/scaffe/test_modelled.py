@@ -141,6 +141,14 @@ def test_cluster_sim_launches_as_mpirun_rsh(tmp_path):
     assert bed[2:] == ["run", "-n", "16", "python"] and bed_env["SCAFFE_TIME_DILATION"] == "1000"
 
 
+def test_timer_slack_reaches_the_command():
+    """perf/timer_slack.py: the command it runs (across exec) sleeps with the timer slack it was given, as the
+    native schedule's ranks on the dilated bed do."""
+    done = subprocess.run([sys.executable, str(ROOT / "perf" / "timer_slack.py"), "2400000", "cat",
+                           "/proc/self/timerslack_ns"], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "2400000"
+
+
 def test_queued_collectives_start_while_the_modelled_device_computes(mnist, monkeypatch):
     """A collective queued behind a full window (scaffe.parallel.window) starts once room frees while the
     modelled device computes, as a GPU's host thread waiting in the schedule would start it, not at the
