@@ -129,16 +129,14 @@ def modelled_run(solver, profile, hosts, per_host, rate_bits, schedule, dilation
                         # the largest D (perf/RESULTS.md, "The plotted S-Caffe runs again"): it allows 0.25 s
                         # undilated, several iterations, or that default if longer.
                         SCAFFE_STALL_S=os.environ.get("SCAFFE_STALL_S", f"{max(60.0, 0.25 * dilation):g}"))
-        if schedule == "native":
-            # MPICH's blocking Allreduce polls until it is done; told to nanosleep when it yields, it keeps its
-            # iteration and leaves the bed's CPU about half as busy (perf/RESULTS.md, "The modelled bed with
-            # the H200-fitted model").
-            settings["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
         train = [sys.executable, "-m", "scaffe", "train", f"--solver={solver}", f"--compute-profile={profile}",
                  f"--iterations={iterations}", f"--schedule={schedule}"]
         if schedule == "native":
-            # Each such nanosleep lasts about the timer slack: D times YIELD_NS, as short undilated as ever, and
-            # the spin's CPU D times smaller (perf/RESULTS.md, "MPICH's spin under a dilated timer slack").
+            # MPICH's blocking Allreduce polls until it is done; told to nanosleep when it yields, it keeps its
+            # iteration and leaves the bed's CPU about half as busy (perf/RESULTS.md, "The modelled bed with
+            # the H200-fitted model"). Each nanosleep lasts about the timer slack: D times YIELD_NS, as short
+            # undilated as ever, and the spin's CPU D times smaller ("MPICH's spin under a dilated timer slack").
+            settings["MPIR_CVAR_ENABLE_HEAVY_YIELD"] = os.environ.get("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
             train = [sys.executable, str(ROOT / "perf" / "timer_slack.py"), str(int(YIELD_NS * dilation)), *train]
         command, env = launch(launcher, STATE / "hosts", per_host, settings, train)
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600 * 3)
